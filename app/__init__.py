@@ -1,0 +1,1 @@
+"""vramlab's API: validates experiment specs, queues them, serves results. Never imports torch."""
