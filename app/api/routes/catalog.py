@@ -1,0 +1,30 @@
+"""The catalog: which ops exist, their parameters, dtypes and devices."""
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from app.api.deps import SettingsDep
+from app.catalog import DTYPES, OPS
+
+router = APIRouter(prefix="/v1", tags=["catalog"])
+
+
+@router.get("/catalog", summary="Ops, their parameters, dtypes and devices")
+def catalog(settings: SettingsDep) -> dict[str, Any]:
+    ops = [
+        op.describe()
+        for op in OPS.values()
+        if settings.diagnostic_ops or "diagnostic" not in op.tags
+    ]
+    return {
+        "ops": ops,
+        "dtypes": [{"name": name, "itemsize": size} for name, size in DTYPES.items()],
+        "devices": ["cpu", "cuda", "cuda:N"],
+        "limits": {
+            "max_experiment_bytes": settings.max_experiment_bytes,
+            "max_dims": 8,
+            "max_repeat": settings.max_repeat,
+            "max_timeout_s": settings.max_timeout_s,
+        },
+    }

@@ -1,0 +1,49 @@
+"""Experiments: submit, read, list, cancel."""
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from app.api.deps import ExperimentDep, NowDep, SessionDep, SettingsDep, SignalDep
+from app.errors import ERROR_RESPONSES
+from app.schemas.experiment import ExperimentOut, ExperimentPage, Status
+from app.schemas.spec import ExperimentSpec
+from app.services import experiments
+
+router = APIRouter(prefix="/v1/experiments", tags=["experiments"], responses=ERROR_RESPONSES)
+
+
+@router.post("", status_code=202, response_model=ExperimentOut, summary="Queue an experiment")
+def submit(
+    spec: ExperimentSpec, s: SessionDep, settings: SettingsDep, signal: SignalDep, now: NowDep
+) -> ExperimentOut:
+    exp = experiments.submit(s, spec, settings, signal, now)
+    s.flush()
+    return experiments.to_out(exp, experiments.queue_info(s, exp, settings, now))
+
+
+@router.get("", response_model=ExperimentPage, summary="List experiments, newest first")
+def list_experiments(
+    s: SessionDep,
+    status: Annotated[list[Status] | None, Query()] = None,
+    op: Annotated[str | None, Query(max_length=64)] = None,
+    device: Annotated[str | None, Query(max_length=16)] = None,
+    tag: Annotated[str | None, Query(max_length=64)] = None,
+    worker_id: Annotated[str | None, Query(max_length=36)] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> ExperimentPage:
+    filters = experiments.Filters(status, op, device, tag, worker_id)
+    rows, next_cursor = experiments.page(s, filters, limit, cursor)
+    return ExperimentPage(items=[experiments.to_out(e) for e in rows], next_cursor=next_cursor)
+
+
+@router.get("/{experiment_id}", response_model=ExperimentOut, summary="One experiment")
+def read(exp: ExperimentDep, s: SessionDep, settings: SettingsDep, now: NowDep) -> ExperimentOut:
+    queue = experiments.queue_info(s, exp, settings, now) if exp.status == "queued" else None
+    return experiments.to_out(exp, queue)
+
+
+@router.post("/{experiment_id}/cancel", response_model=ExperimentOut, summary="Cancel")
+def cancel(exp: ExperimentDep, s: SessionDep, now: NowDep) -> ExperimentOut:
+    return experiments.to_out(experiments.cancel(s, exp, now))

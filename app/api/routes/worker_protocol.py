@@ -1,0 +1,175 @@
+"""The worker protocol: register, long-poll claims, heartbeats, trace upload, outcome.
+
+Every call after the claim carries the lease token; a token that no longer owns the
+experiment gets 409 ``lease_lost``, so a worker presumed dead never overwrites a re-run.
+"""
+
+import asyncio
+import secrets
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Path, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from app.api.deps import NowDep, SessionDep, SettingsDep, get_db, get_settings, get_signal
+from app.core.config import Settings
+from app.core.db import Database
+from app.errors import ERROR_RESPONSES, Unauthorized
+from app.models import Experiment
+from app.models.base import utcnow
+from app.schemas.worker import (
+    ClaimedExperiment,
+    ClaimRequest,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    LeaseRequest,
+    OutcomeRequest,
+    RegisterRequest,
+    RegisterResponse,
+)
+from app.services import queue, traces, workers
+from app.services.signals import WorkSignal, wait_for
+
+
+def require_worker(
+    settings: Annotated[Settings, Depends(get_settings)],
+    authorization: Annotated[str | None, Header()] = None,
+) -> None:
+    expected = settings.worker_token
+    if expected is None:
+        return
+    given = (authorization or "").removeprefix("Bearer ").strip()
+    if not secrets.compare_digest(given.encode(), expected.encode()):
+        raise Unauthorized("the worker protocol needs `Authorization: Bearer <worker token>`")
+
+
+router = APIRouter(
+    prefix="/v1/worker",
+    tags=["worker protocol"],
+    dependencies=[Depends(require_worker)],
+    responses=ERROR_RESPONSES,
+)
+
+
+def spec_for_worker(exp: Experiment) -> dict[str, object]:
+    return {
+        "op": exp.op,
+        "shape": exp.shape,
+        "params": exp.params,
+        "dtype": exp.dtype,
+        "device": exp.device,
+        "warmup": exp.warmup,
+        "repeat": exp.repeat,
+        "timeout_s": exp.timeout_s,
+        "allocator": exp.allocator,
+        "trace": exp.trace_mode,
+        "prediction": exp.prediction,
+    }
+
+
+@router.post("/register", response_model=RegisterResponse)
+def register(req: RegisterRequest, s: SessionDep, settings: SettingsDep, now: NowDep) -> RegisterResponse:
+    worker = workers.register(s, req, now)
+    return RegisterResponse(
+        worker_id=worker.id,
+        lease_seconds=settings.lease_seconds,
+        heartbeat_seconds=max(0.5, settings.lease_seconds / 3),
+    )
+
+
+def _try_claim(db: Database, worker_id: str, settings: Settings) -> ClaimedExperiment | None:
+    with db.session() as s:
+        worker = workers.get(s, worker_id)
+        claim = queue.claim(s, worker, settings, utcnow())
+        if claim is None:
+            return None
+        exp = claim.experiment
+        assert exp.lease_expires_at is not None
+        return ClaimedExperiment(
+            id=exp.id,
+            attempt=exp.attempts,
+            lease_token=claim.lease_token,
+            lease_expires_at=exp.lease_expires_at,
+            spec=spec_for_worker(exp),
+        )
+
+
+@router.post(
+    "/claim",
+    response_model=ClaimedExperiment,
+    responses={204: {"description": "no work arrived within wait_s"}},
+    summary="Long-poll for an experiment this worker can run",
+)
+async def claim(
+    req: ClaimRequest,
+    request: Request,
+    db: Annotated[Database, Depends(get_db)],
+    settings: Annotated[Settings, Depends(get_settings)],
+    signal: Annotated[WorkSignal, Depends(get_signal)],
+) -> ClaimedExperiment | Response:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + min(req.wait_s, settings.claim_wait_seconds)
+    while True:
+        woken = signal.current()  # taken before looking, so no wake-up slips between
+        if await request.is_disconnected():
+            return Response(status_code=204)
+        claimed = await run_in_threadpool(_try_claim, db, req.worker_id, settings)
+        if claimed is not None:
+            return claimed
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return Response(status_code=204)
+        await wait_for(woken, min(remaining, settings.claim_poll_seconds))
+
+
+ExperimentId = Annotated[str, Path(max_length=64)]
+
+
+@router.post("/experiments/{experiment_id}/heartbeat", response_model=HeartbeatResponse)
+def heartbeat(
+    experiment_id: ExperimentId, req: HeartbeatRequest, s: SessionDep, settings: SettingsDep, now: NowDep
+) -> HeartbeatResponse:
+    exp = queue.heartbeat(s, queue.owned(s, experiment_id, req.lease_token), req.progress, settings, now)
+    assert exp.lease_expires_at is not None
+    return HeartbeatResponse(lease_expires_at=exp.lease_expires_at, cancel_requested=exp.cancel_requested)
+
+
+@router.put(
+    "/experiments/{experiment_id}/trace/{seq}",
+    summary="Upload one gzip-compressed NDJSON chunk of the trace",
+    openapi_extra={
+        "requestBody": {"content": {"application/gzip": {"schema": {"type": "string", "format": "binary"}}}}
+    },
+)
+async def upload_trace(
+    experiment_id: ExperimentId,
+    seq: Annotated[int, Path(ge=0, le=100_000)],
+    request: Request,
+    x_lease_token: Annotated[str, Header(max_length=64)],
+    db: Annotated[Database, Depends(get_db)],
+    settings: Annotated[Settings, Depends(get_settings)],
+) -> dict[str, int]:
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > settings.max_trace_chunk_bytes:
+            break
+
+    def store() -> int:
+        with db.session() as s:
+            exp = queue.owned(s, experiment_id, x_lease_token)
+            return traces.store_chunk(s, exp, seq, bytes(body), settings)
+
+    return {"seq": seq, "events": await run_in_threadpool(store)}
+
+
+@router.post("/experiments/{experiment_id}/result", summary="Report the outcome")
+def result(experiment_id: ExperimentId, req: OutcomeRequest, s: SessionDep, now: NowDep) -> dict[str, str]:
+    exp = queue.finish(s, queue.owned(s, experiment_id, req.lease_token), req, now)
+    return {"id": exp.id, "status": exp.status}
+
+
+@router.post("/experiments/{experiment_id}/release", summary="Give the experiment back unrun")
+def release(experiment_id: ExperimentId, req: LeaseRequest, s: SessionDep, now: NowDep) -> dict[str, str]:
+    exp = queue.release(s, queue.owned(s, experiment_id, req.lease_token), now)
+    return {"id": exp.id, "status": exp.status}

@@ -1,0 +1,125 @@
+"""The ``vramlab`` command: serve the API, run a worker, migrate, or all at once (``up``)."""
+
+import argparse
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+
+from app.core.config import get_settings
+
+log = logging.getLogger("vramlab")
+
+
+def _migrate(url: str) -> None:
+    from app.core.migrate import upgrade
+
+    upgrade(url)
+    log.info("database schema is up to date")
+
+
+def cmd_migrate(_: argparse.Namespace) -> int:
+    _migrate(get_settings().database_url)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app.main import create_app
+
+    settings = get_settings()
+    if not args.no_migrate:
+        _migrate(settings.database_url)
+    if args.host not in ("127.0.0.1", "localhost", "::1") and settings.worker_token is None:
+        log.warning("listening on %s with no VRAMLAB_WORKER_TOKEN: anyone can act as a worker", args.host)
+    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from workers.client import ApiClient
+    from workers.loop import WorkerLoop
+    from workers.runner import Runner
+
+    token = args.token or os.environ.get("VRAMLAB_WORKER_TOKEN")
+    client = ApiClient(args.api, token=token)
+    runner = Runner(device=args.device)
+    loop = WorkerLoop(client, runner, name=args.name, max_experiments=args.max_experiments)
+    loop.install_signal_handlers()
+    try:
+        loop.run()
+    finally:
+        runner.close()
+        client.close()
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """The API with an embedded database and one local worker, in one command."""
+    settings = get_settings()
+    _migrate(settings.database_url)
+    api = f"http://{args.host}:{args.port}"
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "worker", "--api", api, "--device", args.device]
+    )
+    log.info("vramlab: API on %s (docs at %s/docs), database %s", api, api, settings.database_url)
+    try:
+        serve = argparse.Namespace(
+            host=args.host, port=args.port, no_migrate=True, log_level=args.log_level
+        )
+        return cmd_serve(serve)
+    finally:
+        if worker.poll() is None:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+
+
+def build_parser() -> argparse.ArgumentParser:
+    settings = get_settings()
+    parser = argparse.ArgumentParser(prog="vramlab", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def server_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--host", default=settings.host)
+        p.add_argument("--port", type=int, default=settings.port)
+        p.add_argument("--log-level", default="info")
+
+    p = sub.add_parser("serve", help="run the API")
+    server_args(p)
+    p.add_argument("--no-migrate", action="store_true", help="do not upgrade the schema first")
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("worker", help="run a worker that claims experiments from an API")
+    p.add_argument("--api", default=os.environ.get("VRAMLAB_API_URL", "http://127.0.0.1:8000"))
+    p.add_argument("--token", default=None, help="worker token (default: VRAMLAB_WORKER_TOKEN)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--name", default=None)
+    p.add_argument("--max-experiments", type=int, default=None, help="exit after this many")
+    p.set_defaults(func=cmd_worker)
+
+    p = sub.add_parser("migrate", help="upgrade the database schema (Alembic)")
+    p.set_defaults(func=cmd_migrate)
+
+    p = sub.add_parser("up", help="the API plus one local worker (CUDA if present, else CPU)")
+    server_args(p)
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.set_defaults(func=cmd_up)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,60 @@
+"""Settings, read from the environment with the prefix ``VRAMLAB_``."""
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_SQLITE = Path("data") / "vramlab.db"
+
+
+def normalise_database_url(url: str) -> str:
+    """Pick vramlab's driver for a plain URL: psycopg 3 for PostgreSQL, pysqlite for SQLite."""
+    for prefix in ("postgres://", "postgresql://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    return url
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="VRAMLAB_", extra="ignore")
+
+    database_url: str = f"sqlite:///{DEFAULT_SQLITE}"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # A claim is a lease: a worker that misses heartbeats for this long loses it.
+    lease_seconds: float = 30.0
+    # After this many claims whose leases expired, an experiment fails as `lost`.
+    max_attempts: int = 3
+    # How long a worker's claim call waits for work before it answers "nothing".
+    claim_wait_seconds: float = 20.0
+    # While a claim waits, how often it looks again (expired leases, other replicas).
+    claim_poll_seconds: float = 2.0
+    # A worker counts as live while its last heartbeat is younger than this.
+    worker_live_seconds: float = 60.0
+    # The tensors a spec predicts (inputs and outputs) may not pass this many bytes.
+    max_experiment_bytes: int = 16 * 2**30
+    max_timeout_s: float = 3600.0
+    max_repeat: int = 1000
+    # Ops tagged `diagnostic` (sleep, abort) exist to test timeouts and crashes.
+    diagnostic_ops: bool = False
+    # Trace uploads: largest compressed chunk accepted, and its decompressed limit.
+    max_trace_chunk_bytes: int = 32 * 2**20
+    max_trace_chunk_events: int = 100_000
+    # The worker's token; when set, the worker protocol requires it.
+    worker_token: str | None = None
+
+    @field_validator("database_url")
+    @classmethod
+    def _normalise(cls, url: str) -> str:
+        return normalise_database_url(url)
+
+    @property
+    def is_sqlite(self) -> bool:
+        return self.database_url.startswith("sqlite")
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,73 @@
+"""An experiment: a validated spec, its place in the queue, its lease and its outcome."""
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import BigInteger, ForeignKey, Index, String, Text
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from app.models.base import Base, utcnow
+
+if TYPE_CHECKING:
+    from app.models.result import Result
+    from app.models.tag import ExperimentTag
+
+
+class Experiment(Base):
+    __tablename__ = "experiments"
+    __table_args__ = (
+        # The claim query: queued work in priority order, oldest first.
+        Index("ix_experiments_queue", "status", "priority", "created_at"),
+        Index("ix_experiments_lease", "status", "lease_expires_at"),
+        Index("ix_experiments_created", "created_at", "id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    status: Mapped[str] = mapped_column(String(16))
+    op: Mapped[str] = mapped_column(String(64), index=True)
+    shape: Mapped[list[Any]]
+    params: Mapped[dict[str, Any]]
+    dtype: Mapped[str] = mapped_column(String(32))
+    device: Mapped[str] = mapped_column(String(16), index=True)
+    # What a worker must have: its device type, enough GPUs, maybe a GPU name or memory.
+    device_type: Mapped[str] = mapped_column(String(8))
+    gpus_needed: Mapped[int] = mapped_column(default=0)
+    gpu_name: Mapped[str | None] = mapped_column(String(200), default=None)
+    min_memory_bytes: Mapped[int | None] = mapped_column(BigInteger, default=None)
+    warmup: Mapped[int]
+    repeat: Mapped[int]
+    timeout_s: Mapped[float]
+    allocator: Mapped[dict[str, Any]]
+    trace_mode: Mapped[str] = mapped_column(String(8))
+    priority: Mapped[int] = mapped_column(default=0)
+    predicted_bytes: Mapped[int] = mapped_column(BigInteger)
+    prediction: Mapped[dict[str, Any]]
+
+    attempts: Mapped[int] = mapped_column(default=0)
+    lease_token: Mapped[str | None] = mapped_column(String(64), default=None)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(default=None)
+    worker_id: Mapped[str | None] = mapped_column(
+        ForeignKey("workers.id", ondelete="SET NULL"), default=None
+    )
+    cancel_requested: Mapped[bool] = mapped_column(default=False)
+    progress: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+
+    error_type: Mapped[str | None] = mapped_column(String(32), default=None)
+    error_message: Mapped[str | None] = mapped_column(Text, default=None)
+    error_hint: Mapped[str | None] = mapped_column(Text, default=None)
+    error_details: Mapped[dict[str, Any] | None] = mapped_column(default=None)
+
+    result: Mapped["Result | None"] = relationship(
+        back_populates="experiment", cascade="all, delete-orphan", uselist=False, lazy="selectin"
+    )
+    tag_rows: Mapped[list["ExperimentTag"]] = relationship(
+        back_populates="experiment", cascade="all, delete-orphan", lazy="selectin"
+    )
+
+    @property
+    def tags(self) -> list[str]:
+        return [row.tag for row in self.tag_rows]

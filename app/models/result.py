@@ -1,0 +1,27 @@
+"""What a worker measured for a succeeded (or out-of-memory) experiment."""
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import ForeignKey, String
+from sqlalchemy.orm import Mapped, mapped_column, relationship
+
+from app.models.base import Base, utcnow
+
+if TYPE_CHECKING:
+    from app.models.experiment import Experiment
+
+
+class Result(Base):
+    __tablename__ = "results"
+
+    experiment_id: Mapped[str] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True
+    )
+    worker_id: Mapped[str | None] = mapped_column(String(36), default=None)
+    attempt: Mapped[int]
+    data: Mapped[dict[str, Any]]
+    trace_events: Mapped[int] = mapped_column(default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    experiment: Mapped["Experiment"] = relationship(back_populates="result")

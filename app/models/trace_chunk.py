@@ -1,0 +1,22 @@
+"""A trace is stored as gzip-compressed NDJSON chunks of consecutive events.
+
+A million events make about a hundred chunks rather than a million rows: inserts stay
+cheap on both engines, and a page or a stream decompresses only the chunks it needs.
+"""
+
+from sqlalchemy import ForeignKey, Integer, LargeBinary
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.models.base import Base
+
+
+class TraceChunk(Base):
+    __tablename__ = "trace_chunks"
+
+    experiment_id: Mapped[str] = mapped_column(
+        ForeignKey("experiments.id", ondelete="CASCADE"), primary_key=True
+    )
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True)
+    first_event: Mapped[int]
+    n_events: Mapped[int]
+    data: Mapped[bytes] = mapped_column(LargeBinary)

@@ -1,0 +1,23 @@
+"""A worker: a process on some host that claims experiments and runs them."""
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import String
+from sqlalchemy.orm import Mapped, mapped_column
+
+from app.models.base import Base, utcnow
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200))
+    hostname: Mapped[str] = mapped_column(String(255), default="")
+    # What the worker declared: device types, GPUs with names and memory, versions.
+    capabilities: Mapped[dict[str, Any]]
+    registered_at: Mapped[datetime] = mapped_column(default=utcnow)
+    last_seen_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    state: Mapped[str] = mapped_column(String(16), default="idle")
+    current_experiment_id: Mapped[str | None] = mapped_column(String(36), default=None)

@@ -1,0 +1,73 @@
+"""The experiment spec a client submits: plain data, checked field by field."""
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+Tag = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f]+$")]
+Dim = Annotated[int, Field(ge=0, le=2**31 - 1)]
+
+
+class AllocatorSettings(BaseModel):
+    """PyTorch caching-allocator settings (PYTORCH_CUDA_ALLOC_CONF) for this experiment alone."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    expandable_segments: bool | None = None
+    max_split_size_mb: int | None = Field(default=None, ge=20, le=2**20)
+    garbage_collection_threshold: float | None = Field(default=None, gt=0, lt=1)
+    roundup_power2_divisions: int | None = Field(default=None, ge=1, le=64)
+    backend: Literal["native", "cudaMallocAsync"] | None = None
+
+    def conf_string(self) -> str:
+        """The PYTORCH_CUDA_ALLOC_CONF value these settings make."""
+        names = {"backend": "backend"}
+        parts = []
+        for key, value in self.model_dump(exclude_none=True).items():
+            text = ("True" if value else "False") if isinstance(value, bool) else str(value)
+            parts.append(f"{names.get(key, key)}:{text}")
+        return ",".join(parts)
+
+
+class Requirements(BaseModel):
+    """What a worker must have beyond the spec's device."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    gpu_name: str | None = Field(
+        default=None, min_length=1, max_length=200, description="a substring of the GPU's name"
+    )
+    min_memory_bytes: int | None = Field(default=None, ge=0, le=2**50)
+
+
+class ExperimentSpec(BaseModel):
+    """One experiment: an op from the catalog, its shapes, dtype, device and options."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        json_schema_extra={
+            "examples": [
+                {
+                    "op": "matmul",
+                    "shape": [1000, 2000],
+                    "params": {"other_shape": [2000, 500]},
+                    "dtype": "float32",
+                    "device": "cuda",
+                }
+            ]
+        },
+    )
+
+    op: str = Field(max_length=64, description="an op from GET /v1/catalog")
+    shape: list[Dim] = Field(max_length=8, description="the main tensor's shape")
+    params: dict[str, Any] = Field(default_factory=dict, description="the op's parameters")
+    dtype: str = Field(default="float32", max_length=32)
+    device: str = Field(default="cuda", max_length=16, description="'cpu', 'cuda' or 'cuda:N'")
+    warmup: int = Field(default=1, ge=0, le=100)
+    repeat: int = Field(default=3, ge=1)
+    timeout_s: float = Field(default=120.0, gt=0)
+    allocator: AllocatorSettings = Field(default_factory=AllocatorSettings)
+    trace: Literal["none", "events", "stacks"] = "events"
+    tags: list[Tag] = Field(default_factory=list, max_length=32)
+    priority: int = Field(default=0, ge=-100, le=100)
+    requirements: Requirements = Field(default_factory=Requirements)

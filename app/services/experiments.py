@@ -1,0 +1,188 @@
+"""Experiments as clients see them: submit, look up, list, cancel."""
+
+import base64
+import binascii
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import and_, event, or_, select
+from sqlalchemy.orm import Session
+
+from app.core.config import Settings
+from app.errors import ApiError, Conflict, NotFound
+from app.models import Experiment, ExperimentTag
+from app.schemas.experiment import ExperimentError, ExperimentOut, QueueInfo
+from app.schemas.spec import ExperimentSpec
+from app.services import workers
+from app.services.signals import WorkSignal
+from app.services.specs import accept
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def submit(
+    session: Session, spec: ExperimentSpec, settings: Settings, signal: WorkSignal, now: datetime
+) -> Experiment:
+    """Queue a spec in the caller's transaction; waiting workers wake once it commits."""
+    accepted = accept(spec, settings)
+    s = accepted.spec
+    exp = Experiment(
+        id=str(uuid.uuid4()),
+        status="queued",
+        op=s.op,
+        shape=list(s.shape),
+        params=s.params,
+        dtype=s.dtype,
+        device=s.device,
+        device_type=accepted.device_type,
+        gpus_needed=accepted.gpus_needed,
+        gpu_name=s.requirements.gpu_name,
+        min_memory_bytes=s.requirements.min_memory_bytes,
+        warmup=s.warmup,
+        repeat=s.repeat,
+        timeout_s=s.timeout_s,
+        allocator=s.allocator.model_dump(exclude_none=True),
+        trace_mode=s.trace,
+        priority=s.priority,
+        predicted_bytes=accepted.predicted_bytes,
+        prediction=accepted.prediction,
+        created_at=now,
+        tag_rows=[ExperimentTag(tag=t) for t in dict.fromkeys(s.tags)],
+    )
+    session.add(exp)
+    event.listen(session, "after_commit", lambda _s: signal.notify(), once=True)
+    return exp
+
+
+def get(session: Session, experiment_id: str) -> Experiment:
+    exp = session.get(Experiment, experiment_id)
+    if exp is None:
+        raise NotFound(f"no experiment {experiment_id!r}")
+    return exp
+
+
+def cancel(session: Session, exp: Experiment, now: datetime) -> Experiment:
+    """Cancel at once if queued; if running, ask its worker to stop (it reports back)."""
+    if exp.status in TERMINAL:
+        raise Conflict(f"experiment {exp.id} is already {exp.status}")
+    if exp.status == "queued":
+        exp.status = "cancelled"
+        exp.finished_at = now
+    else:
+        exp.cancel_requested = True
+    return exp
+
+
+@dataclass(frozen=True)
+class Filters:
+    status: list[str] | None = None
+    op: str | None = None
+    device: str | None = None
+    tag: str | None = None
+    worker_id: str | None = None
+
+
+def _encode_cursor(exp: Experiment) -> str:
+    raw = f"{exp.created_at.isoformat()}|{exp.id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        stamp, exp_id = raw.split("|", 1)
+        return datetime.fromisoformat(stamp), exp_id
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise ApiError("cursor: not a cursor this API returned", details=[
+            {"field": "cursor", "message": "pass next_cursor from a previous page"}
+        ]) from None
+
+
+def page(
+    session: Session, filters: Filters, limit: int, cursor: str | None
+) -> tuple[list[Experiment], str | None]:
+    """Newest first; the cursor is the last item's (created_at, id)."""
+    stmt = select(Experiment)
+    if filters.status:
+        stmt = stmt.where(Experiment.status.in_(filters.status))
+    if filters.op:
+        stmt = stmt.where(Experiment.op == filters.op)
+    if filters.device:
+        stmt = stmt.where(Experiment.device == filters.device)
+    if filters.worker_id:
+        stmt = stmt.where(Experiment.worker_id == filters.worker_id)
+    if filters.tag:
+        tagged = select(ExperimentTag.experiment_id).where(ExperimentTag.tag == filters.tag)
+        stmt = stmt.where(Experiment.id.in_(tagged))
+    if cursor:
+        at, last_id = _decode_cursor(cursor)
+        stmt = stmt.where(
+            or_(
+                Experiment.created_at < at,
+                and_(Experiment.created_at == at, Experiment.id < last_id),
+            )
+        )
+    stmt = stmt.order_by(Experiment.created_at.desc(), Experiment.id.desc()).limit(limit + 1)
+    rows = list(session.scalars(stmt))
+    more = len(rows) > limit
+    rows = rows[:limit]
+    return rows, (_encode_cursor(rows[-1]) if more and rows else None)
+
+
+def queue_info(session: Session, exp: Experiment, settings: Settings, now: datetime) -> QueueInfo:
+    live = workers.live(session, now, settings.worker_live_seconds)
+    reasons = [workers.why_not(w.capabilities, exp) for w in live]
+    if any(r is None for r in reasons):
+        return QueueInfo(runnable=True, live_workers=len(live))
+    if not live:
+        reason = "no live worker is connected; start one with `vramlab worker`"
+    else:
+        reason = f"no live worker can run it: it {reasons[0]}"
+    return QueueInfo(runnable=False, live_workers=len(live), reason=reason)
+
+
+def to_out(exp: Experiment, queue: QueueInfo | None = None) -> ExperimentOut:
+    spec = ExperimentSpec.model_validate(
+        {
+            "op": exp.op,
+            "shape": exp.shape,
+            "params": exp.params,
+            "dtype": exp.dtype,
+            "device": exp.device,
+            "warmup": exp.warmup,
+            "repeat": exp.repeat,
+            "timeout_s": exp.timeout_s,
+            "allocator": exp.allocator,
+            "trace": exp.trace_mode,
+            "tags": exp.tags,
+            "priority": exp.priority,
+            "requirements": {"gpu_name": exp.gpu_name, "min_memory_bytes": exp.min_memory_bytes},
+        }
+    )
+    error = None
+    if exp.error_type is not None:
+        error = ExperimentError.model_validate(
+            {
+                "type": exp.error_type,
+                "message": exp.error_message or "",
+                "hint": exp.error_hint,
+                "details": exp.error_details,
+            }
+        )
+    return ExperimentOut(
+        id=exp.id,
+        status=exp.status,  # type: ignore[arg-type]
+        spec=spec,
+        attempts=exp.attempts,
+        worker_id=exp.worker_id,
+        created_at=exp.created_at,
+        started_at=exp.started_at,
+        finished_at=exp.finished_at,
+        cancel_requested=exp.cancel_requested,
+        progress=exp.progress,
+        queue=queue,
+        prediction=exp.prediction,
+        result=exp.result.data if exp.result is not None else None,
+        error=error,
+    )

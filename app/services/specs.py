@@ -1,0 +1,66 @@
+"""Turning a submitted spec into an accepted one: catalog checks, limits, requirements."""
+
+from dataclasses import dataclass
+from typing import Any
+
+from app.catalog import CatalogError, get_op, parse_device, plan_spec
+from app.catalog.dtypes import DTYPES
+from app.core.config import Settings
+from app.errors import InvalidSpec
+from app.schemas.spec import ExperimentSpec
+
+
+@dataclass(frozen=True)
+class AcceptedSpec:
+    spec: ExperimentSpec  # params filled, device canonical
+    device_type: str
+    gpus_needed: int  # how many GPUs a worker needs: the highest cuda index named, plus one
+    predicted_bytes: int
+    prediction: dict[str, Any]
+
+
+def _human(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{n} B"
+        value /= 1024
+    raise AssertionError
+
+
+def accept(spec: ExperimentSpec, settings: Settings) -> AcceptedSpec:
+    """Check a spec against the catalog and the limits; raise InvalidSpec naming the field."""
+    try:
+        entry = get_op(spec.op)
+        if "diagnostic" in entry.tags and not settings.diagnostic_ops:
+            raise CatalogError("op", f"op {spec.op!r} is a diagnostic op, off on this service")
+        if spec.dtype not in DTYPES:
+            raise CatalogError("dtype", f"unknown dtype {spec.dtype!r}; allowed: {', '.join(DTYPES)}")
+        try:
+            kind, index = parse_device(spec.device)
+        except ValueError as exc:
+            raise CatalogError("device", str(exc)) from exc
+        device = "cpu" if kind == "cpu" else f"cuda:{index}"
+        params, plan = plan_spec(spec.op, tuple(spec.shape), spec.params, spec.dtype, device)
+    except CatalogError as exc:
+        raise InvalidSpec(exc.field, exc.message) from None
+
+    if spec.repeat > settings.max_repeat:
+        raise InvalidSpec("repeat", f"must be <= {settings.max_repeat}")
+    if spec.timeout_s > settings.max_timeout_s:
+        raise InvalidSpec("timeout_s", f"must be <= {settings.max_timeout_s:g}")
+    if plan.total_bytes > settings.max_experiment_bytes:
+        raise InvalidSpec(
+            "shape",
+            f"the op's tensors would take {_human(plan.total_bytes)}; this service allows at most "
+            f"{_human(settings.max_experiment_bytes)} (VRAMLAB_MAX_EXPERIMENT_BYTES)",
+        )
+    cuda_indexes = [parse_device(d)[1] for d in plan.devices if d.startswith("cuda")]
+    accepted = spec.model_copy(update={"params": params, "device": device})
+    return AcceptedSpec(
+        spec=accepted,
+        device_type="cuda" if cuda_indexes else "cpu",
+        gpus_needed=max(cuda_indexes) + 1 if cuda_indexes else 0,
+        predicted_bytes=plan.total_bytes,
+        prediction=plan.prediction(device),
+    )

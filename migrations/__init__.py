@@ -1,0 +1,1 @@
+"""Alembic migrations for vramlab's database (SQLite and PostgreSQL)."""

@@ -1,0 +1,126 @@
+"""Submitting, reading, listing and cancelling experiments over HTTP."""
+
+import httpx
+import pytest
+
+from tests.helpers import ADD, CPU_CAPS, MATMUL, register, submit
+
+
+def test_submit_queues_and_reads_back(client: httpx.Client) -> None:
+    exp = submit(client, MATMUL, tags=["demo"])
+    assert exp["status"] == "queued"
+    assert exp["spec"]["device"] == "cuda:0"
+    assert exp["spec"]["params"] == {"other_shape": [2000, 500]}
+    assert exp["attempts"] == 0
+    # 1000x500 float32 output, rounded up to the allocator's 512-byte blocks.
+    assert exp["prediction"]["delta_allocated"] == 2_000_384
+    again = client.get(f"/v1/experiments/{exp['id']}").json()
+    assert again["id"] == exp["id"] and again["spec"]["tags"] == ["demo"]
+
+
+def test_queued_experiment_says_why_no_worker_runs_it(client: httpx.Client) -> None:
+    exp = submit(client, MATMUL)
+    assert exp["queue"]["runnable"] is False
+    assert "no live worker" in exp["queue"]["reason"]
+    register(client, CPU_CAPS)
+    queue = client.get(f"/v1/experiments/{exp['id']}").json()["queue"]
+    assert queue == {"runnable": False, "live_workers": 1, "reason": "no live worker can run it: it needs a cuda worker"}
+    cpu = submit(client, ADD)
+    assert client.get(f"/v1/experiments/{cpu['id']}").json()["queue"]["runnable"] is True
+
+
+@pytest.mark.parametrize(
+    ("change", "field", "words"),
+    [
+        ({"op": "explode"}, "op", "allowed: empty"),
+        ({"dtype": "float128"}, "dtype", "allowed: float64"),
+        ({"device": "tpu"}, "device", "allowed: 'cpu'"),
+        ({"device": "cuda:99"}, "device", "out of range"),
+        ({"shape": [10, -1]}, "shape[1]", "greater than or equal to 0"),
+        ({"shape": [1] * 9}, "shape", "at most 8"),
+        ({"shape": [1_000_000, 1_000_000]}, "shape", "VRAMLAB_MAX_EXPERIMENT_BYTES"),
+        ({"params": {"bogus": 1}}, "params.bogus", "unknown parameter"),
+        ({"colour": "red"}, "colour", "Extra inputs"),
+        ({"repeat": 0}, "repeat", "greater than or equal to 1"),
+        ({"trace": "everything"}, "trace", "'none', 'events' or 'stacks'"),
+        ({"op": "matmul", "params": {"other_shape": [7, 3]}}, "params.other_shape", "inner dims differ"),
+        ({"op": "matmul"}, "params.other_shape", "is required"),
+        ({"op": "randn", "dtype": "int32"}, "dtype", "does not take 'int32'"),
+        ({"allocator": {"backend": "magic"}}, "allocator.backend", "native"),
+    ],
+)
+def test_bad_specs_are_422_naming_the_field(
+    client: httpx.Client, change: dict[str, object], field: str, words: str
+) -> None:
+    response = client.post("/v1/experiments", json={**ADD, **change})
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["type"] == "validation_error"
+    fields = {d["field"]: d["message"] for d in error["details"]}
+    assert field in fields, fields
+    assert words in fields[field]
+    assert client.get("/v1/experiments").json()["items"] == []
+
+
+def test_malformed_json_is_422_in_the_one_shape(client: httpx.Client) -> None:
+    response = client.post(
+        "/v1/experiments", content=b"{not json", headers={"Content-Type": "application/json"}
+    )
+    assert response.status_code == 422
+    assert response.json()["error"]["type"] == "validation_error"
+
+
+def test_unknown_id_is_404(client: httpx.Client) -> None:
+    response = client.get("/v1/experiments/nope")
+    assert response.status_code == 404
+    assert response.json()["error"]["type"] == "not_found"
+
+
+def test_list_filters_and_cursor(client: httpx.Client) -> None:
+    ids = [submit(client, ADD, tags=["t" if i % 2 else "u"])["id"] for i in range(7)]
+    submit(client, MATMUL)
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params: dict[str, str | int] = {"op": "add", "limit": 3}
+        if cursor:
+            params["cursor"] = cursor
+        page = client.get("/v1/experiments", params=params).json()
+        seen += [e["id"] for e in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == list(reversed(ids))
+    tagged = client.get("/v1/experiments", params={"tag": "t"}).json()["items"]
+    assert {e["id"] for e in tagged} == {ids[i] for i in (1, 3, 5)}
+    cuda = client.get("/v1/experiments", params={"device": "cuda:0"}).json()["items"]
+    assert [e["spec"]["op"] for e in cuda] == ["matmul"]
+    bad = client.get("/v1/experiments", params={"cursor": "garbage!"})
+    assert bad.status_code == 400 and bad.json()["error"]["details"][0]["field"] == "cursor"
+
+
+def test_cancel_a_queued_experiment(client: httpx.Client) -> None:
+    exp = submit(client)
+    response = client.post(f"/v1/experiments/{exp['id']}/cancel")
+    assert response.json()["status"] == "cancelled"
+    again = client.post(f"/v1/experiments/{exp['id']}/cancel")
+    assert again.status_code == 409 and again.json()["error"]["type"] == "conflict"
+    listed = client.get("/v1/experiments", params={"status": "cancelled"}).json()["items"]
+    assert [e["id"] for e in listed] == [exp["id"]]
+
+
+def test_catalog_lists_ops_with_params(client: httpx.Client) -> None:
+    catalog = client.get("/v1/catalog").json()
+    ops = {op["name"]: op for op in catalog["ops"]}
+    assert {"empty", "randn", "add", "matmul", "to"} <= set(ops)
+    to_params = {p["name"] for p in ops["to"]["params"]}
+    assert {"pin_memory", "non_blocking", "source_device"} <= to_params
+    assert {"name": "bfloat16", "itemsize": 2} in catalog["dtypes"]
+
+
+def test_health_and_docs(client: httpx.Client) -> None:
+    assert client.get("/healthz").json() == {"status": "ok"}
+    ready = client.get("/readyz").json()
+    assert ready["status"] == "ready" and ready["schema"]
+    assert client.get("/docs").status_code == 200
+    assert "/v1/experiments" in client.get("/openapi.json").json()["paths"]
