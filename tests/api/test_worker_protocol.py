@@ -1,0 +1,206 @@
+"""The worker protocol over HTTP: claims only what a worker can run, leases, tokens,
+trace upload, and expiry back into the queue."""
+
+import gzip
+import json
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from tests.conftest import LiveServer, make_settings
+from tests.helpers import ADD, CPU_CAPS, CUDA_CAPS, MATMUL, claim, register, submit, succeed
+
+
+def test_claim_matches_capabilities(client: httpx.Client) -> None:
+    cuda_exp = submit(client, MATMUL)
+    cpu_exp = submit(client, ADD)
+    cpu_worker = register(client, CPU_CAPS)
+    got = claim(client, cpu_worker)
+    assert got is not None and got["id"] == cpu_exp["id"]
+    assert claim(client, cpu_worker) is None
+    gpu_worker = register(client, CUDA_CAPS)
+    got = claim(client, gpu_worker)
+    assert got is not None and got["id"] == cuda_exp["id"]
+    assert got["spec"]["device"] == "cuda:0"
+    assert got["spec"]["prediction"]["delta_allocated"] == 2_000_384
+
+
+def test_requirements_gpu_name_and_second_gpu(client: httpx.Client) -> None:
+    h200 = submit(client, MATMUL, requirements={"gpu_name": "H200"})
+    second = submit(client, MATMUL, device="cuda:1")
+    h100 = register(client, CUDA_CAPS)
+    assert claim(client, h100) is None
+    assert "H200" in client.get(f"/v1/experiments/{h200['id']}").json()["queue"]["reason"]
+    two_h200 = {
+        "device_types": ["cpu", "cuda"],
+        "gpus": [{"index": i, "name": "NVIDIA H200", "total_memory": 141 * 2**30} for i in (0, 1)],
+    }
+    worker = register(client, two_h200)
+    claimed = {claim(client, worker)["id"], claim(client, worker)["id"]}  # type: ignore[index]
+    assert claimed == {h200["id"], second["id"]}
+
+
+def test_result_is_stored_and_stale_tokens_refused(client: httpx.Client) -> None:
+    exp = submit(client)
+    worker = register(client)
+    got = claim(client, worker)
+    assert got is not None and got["attempt"] == 1
+    running = client.get(f"/v1/experiments/{exp['id']}").json()
+    assert running["status"] == "running" and running["worker_id"] == worker
+    beat = client.post(
+        f"/v1/worker/experiments/{exp['id']}/heartbeat",
+        json={"lease_token": got["lease_token"], "progress": {"phase": "op"}},
+    )
+    assert beat.status_code == 200 and beat.json()["cancel_requested"] is False
+    wrong = succeed(client, {**got, "lease_token": "0" * 32})
+    assert wrong.status_code == 409 and wrong.json()["error"]["type"] == "lease_lost"
+    assert succeed(client, got, notes=["hello"]).status_code == 200
+    done = client.get(f"/v1/experiments/{exp['id']}").json()
+    assert done["status"] == "succeeded"
+    assert done["result"]["notes"] == ["hello"]
+    assert done["result"]["memory"]["delta_allocated"] == 0
+    assert succeed(client, got).status_code == 409  # finished: the token owns nothing now
+
+
+def test_succeeded_needs_the_contract_memory_figures(client: httpx.Client) -> None:
+    submit(client)
+    got = claim(client, register(client))
+    assert got is not None
+    body = {"lease_token": got["lease_token"], "status": "succeeded", "result": {"memory": {"allocated_before": 1}}}
+    response = client.post(f"/v1/worker/experiments/{got['id']}/result", json=body)
+    assert response.status_code == 422
+    assert "allocated_after" in response.text
+
+
+def test_failure_is_recorded_with_its_type(client: httpx.Client) -> None:
+    exp = submit(client)
+    got = claim(client, register(client))
+    assert got is not None
+    body = {
+        "lease_token": got["lease_token"],
+        "status": "failed",
+        "error": {"type": "oom", "message": "CUDA out of memory", "hint": "smaller shape"},
+        "result": {"memory": {"allocated_before": 5}},
+    }
+    assert client.post(f"/v1/worker/experiments/{got['id']}/result", json=body).status_code == 200
+    done = client.get(f"/v1/experiments/{exp['id']}").json()
+    assert done["status"] == "failed"
+    assert done["error"] == {"type": "oom", "message": "CUDA out of memory", "hint": "smaller shape", "details": None}
+
+
+def _events(n: int, start: int = 0) -> list[dict[str, Any]]:
+    return [
+        {"seq": start + i, "action": "alloc" if i % 2 == 0 else "free", "size": 512 * (i + 1), "t_us": float(i)}
+        for i in range(n)
+    ]
+
+
+def _gz(events: list[dict[str, Any]]) -> bytes:
+    return gzip.compress(b"".join(json.dumps(e).encode() + b"\n" for e in events))
+
+
+def test_trace_upload_and_read_back(client: httpx.Client) -> None:
+    exp = submit(client)
+    got = claim(client, register(client))
+    assert got is not None
+    headers = {"X-Lease-Token": got["lease_token"], "Content-Type": "application/gzip"}
+    url = f"/v1/worker/experiments/{exp['id']}/trace"
+    assert client.put(f"{url}/0", content=_gz(_events(30)), headers=headers).json()["events"] == 30
+    assert client.put(f"{url}/1", content=_gz(_events(20, 30)), headers=headers).status_code == 200
+    assert client.put(f"{url}/5", content=_gz(_events(1)), headers=headers).status_code == 409
+    bad = client.put(f"{url}/2", content=b"not gzip", headers=headers)
+    assert bad.status_code == 400 and bad.json()["error"]["type"] == "bad_request"
+    stale = client.put(f"{url}/2", content=_gz(_events(1)), headers={**headers, "X-Lease-Token": "x"})
+    assert stale.status_code == 409
+    assert succeed(client, got).status_code == 200
+
+    trace = f"/v1/experiments/{exp['id']}/trace"
+    page = client.get(trace, params={"limit": 20, "offset": 25}).json()
+    assert page["total"] == 50 and page["next_offset"] == 45
+    assert [e["seq"] for e in page["events"]] == list(range(25, 45))
+    # Event i of a chunk is a free when i is odd and has size 512 * (i + 1).
+    frees = client.get(trace, params={"action": "free", "min_size": 512 * 20}).json()["events"]
+    assert [e["seq"] for e in frees] == [19, 21, 23, 25, 27, 29, 49]
+    streamed = client.get(trace, params={"format": "ndjson"})
+    assert streamed.headers["content-type"].startswith("application/x-ndjson")
+    assert [json.loads(line)["seq"] for line in streamed.text.splitlines()] == list(range(50))
+
+
+def test_expired_lease_goes_back_then_fails_as_lost(database_url: str) -> None:
+    settings = make_settings(database_url, lease_seconds=0.3, max_attempts=2)
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url) as client:
+        exp = submit(client)
+        worker = register(client)
+        first = claim(client, worker)
+        assert first is not None and first["attempt"] == 1
+        time.sleep(0.5)
+        second = claim(client, worker)
+        assert second is not None and second["id"] == exp["id"] and second["attempt"] == 2
+        # The first lease is dead: its late report is refused, the re-run stands.
+        assert succeed(client, first).status_code == 409
+        time.sleep(0.5)
+        assert claim(client, worker) is None
+        lost = client.get(f"/v1/experiments/{exp['id']}").json()
+        assert lost["status"] == "failed" and lost["error"]["type"] == "lost"
+        assert lost["attempts"] == 2
+
+
+def test_release_puts_it_back_without_an_attempt(client: httpx.Client) -> None:
+    exp = submit(client)
+    worker = register(client)
+    got = claim(client, worker)
+    assert got is not None
+    client.post(f"/v1/worker/experiments/{exp['id']}/release", json={"lease_token": got["lease_token"]})
+    back = client.get(f"/v1/experiments/{exp['id']}").json()
+    assert back["status"] == "queued" and back["attempts"] == 0
+    assert claim(client, worker)["attempt"] == 1  # type: ignore[index]
+
+
+def test_cancel_a_running_experiment_reaches_the_worker(client: httpx.Client) -> None:
+    exp = submit(client)
+    got = claim(client, register(client))
+    assert got is not None
+    assert client.post(f"/v1/experiments/{exp['id']}/cancel").json()["cancel_requested"] is True
+    beat = client.post(f"/v1/worker/experiments/{exp['id']}/heartbeat", json={"lease_token": got["lease_token"]})
+    assert beat.json()["cancel_requested"] is True
+    body = {"lease_token": got["lease_token"], "status": "cancelled"}
+    client.post(f"/v1/worker/experiments/{exp['id']}/result", json=body)
+    assert client.get(f"/v1/experiments/{exp['id']}").json()["status"] == "cancelled"
+
+
+def test_a_new_experiment_wakes_a_waiting_claim(database_url: str) -> None:
+    # Without the wake-up this claim would only look again after 30 s and answer 204 at 8 s.
+    settings = make_settings(database_url, claim_wait_seconds=8.0, claim_poll_seconds=30.0)
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=30) as client:
+        worker = register(client)
+        got: list[dict[str, Any] | None] = []
+        waiter = threading.Thread(target=lambda: got.append(claim(client, worker, wait_s=8)))
+        waiter.start()
+        time.sleep(0.5)
+        exp = submit(client)
+        waiter.join()
+        assert got[0] is not None and got[0]["id"] == exp["id"]
+
+
+def test_unknown_worker_must_register(client: httpx.Client) -> None:
+    response = client.post("/v1/worker/claim", json={"worker_id": "ghost", "wait_s": 0})
+    assert response.status_code == 404 and "register" in response.json()["error"]["message"]
+
+
+def test_workers_are_listed_with_capabilities(client: httpx.Client) -> None:
+    worker = register(client, CUDA_CAPS, name="gpu-box")
+    listed = client.get("/v1/workers").json()
+    assert [(w["id"], w["name"], w["live"]) for w in listed] == [(worker, "gpu-box", True)]
+    assert listed[0]["capabilities"]["gpus"][0]["name"].startswith("NVIDIA H100")
+
+
+def test_worker_token_is_required_when_configured(database_url: str) -> None:
+    with LiveServer(make_settings(database_url, worker_token="s3cret")) as live:
+        with httpx.Client(base_url=live.url) as client:
+            body = {"name": "w", "capabilities": CPU_CAPS}
+            denied = client.post("/v1/worker/register", json=body)
+            assert denied.status_code == 401 and denied.json()["error"]["type"] == "unauthorized"
+            ok = client.post("/v1/worker/register", json=body, headers={"Authorization": "Bearer s3cret"})
+            assert ok.status_code == 200
