@@ -34,7 +34,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not args.no_migrate:
         _migrate(settings.database_url)
     if args.host not in ("127.0.0.1", "localhost", "::1") and settings.worker_token is None:
-        log.warning("listening on %s with no VRAMLAB_WORKER_TOKEN: anyone can act as a worker", args.host)
+        log.warning(
+            "listening on %s with no VRAMLAB_WORKER_TOKEN: anyone can act as a worker", args.host
+        )
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
@@ -66,6 +68,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         [sys.executable, "-m", "app.cli", "worker", "--api", api, "--device", args.device]
     )
     log.info("vramlab: API on %s (docs at %s/docs), database %s", api, api, settings.database_url)
+    # uvicorn re-raises the signal that stopped it once it has shut down; with these
+    # handlers restored under it, that re-raise returns here so the worker is stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    signal.signal(signal.SIGINT, lambda *_: None)
     try:
         serve = argparse.Namespace(
             host=args.host, port=args.port, no_migrate=True, log_level=args.log_level

@@ -19,7 +19,9 @@ from app.core.config import Settings, normalise_database_url
 from app.core.migrate import upgrade
 from app.main import create_app
 
-POSTGRES_URL = os.environ.get("VRAMLAB_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
+POSTGRES_URL = os.environ.get(
+    "VRAMLAB_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
 ENGINES = ("sqlite", "postgres")
 
 
@@ -53,7 +55,7 @@ def postgres_template() -> Iterator[str]:
     name = f"vramlab_tmpl_{uuid.uuid4().hex[:8]}"
     try:
         _pg_admin(f'CREATE DATABASE "{name}"')
-    except Exception as exc:  # noqa: BLE001 - report why the engine is missing
+    except Exception as exc:
         pytest.fail(f"PostgreSQL at {POSTGRES_URL} is not reachable: {exc}")
     upgrade(_pg_url(name))
     yield name

@@ -34,7 +34,9 @@ MEMORY = {
 }
 
 
-def submit(client: httpx.Client, spec: dict[str, Any] | None = None, **changes: Any) -> dict[str, Any]:
+def submit(
+    client: httpx.Client, spec: dict[str, Any] | None = None, **changes: Any
+) -> dict[str, Any]:
     body = {**(spec or ADD), **changes}
     response = client.post("/v1/experiments", json=body)
     assert response.status_code == 202, response.text

@@ -94,7 +94,9 @@ def with_retry(
         except httpx.HTTPStatusError as exc:
             if exc.response.status_code < 500 and exc.response.status_code != 429:
                 raise
-            log.warning("%s: API answered %s; retrying in %.1fs", what, exc.response.status_code, delay)
+            log.warning(
+                "%s: API answered %s; retrying in %.1fs", what, exc.response.status_code, delay
+            )
         except httpx.TransportError as exc:
             log.warning("%s: API unreachable (%s); retrying in %.1fs", what, exc, delay)
         time.sleep(delay)

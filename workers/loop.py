@@ -35,7 +35,9 @@ class OutcomeLike(Protocol):
 class RunnerLike(Protocol):
     def start(self) -> None: ...
     def capabilities(self) -> dict[str, Any]: ...
-    def run(self, spec: dict[str, Any], *, should_cancel: Any = ..., work_dir: Path | None = None) -> Any: ...
+    def run(
+        self, spec: dict[str, Any], *, should_cancel: Any = ..., work_dir: Path | None = None
+    ) -> Any: ...
     def close(self) -> None: ...
 
 
@@ -83,10 +85,15 @@ class WorkerLoop:
     def install_signal_handlers(self) -> None:
         def handle(signum: int, _frame: object) -> None:
             if self.stopping.is_set():
-                log.warning("second %s: cancelling the running experiment", signal.Signals(signum).name)
+                log.warning(
+                    "second %s: cancelling the running experiment", signal.Signals(signum).name
+                )
                 self.aborting.set()
             else:
-                log.info("%s: finishing the current experiment, then exiting", signal.Signals(signum).name)
+                log.info(
+                    "%s: finishing the current experiment, then exiting",
+                    signal.Signals(signum).name,
+                )
                 self.stopping.set()
 
         signal.signal(signal.SIGTERM, handle)
@@ -103,7 +110,9 @@ class WorkerLoop:
             return False
         self.worker_id = reply["worker_id"]
         self.heartbeat_seconds = float(reply["heartbeat_seconds"])
-        log.info("registered as %s (%s)", self.worker_id, ", ".join(self.capabilities["device_types"]))
+        log.info(
+            "registered as %s (%s)", self.worker_id, ", ".join(self.capabilities["device_types"])
+        )
         return True
 
     def run(self) -> int:
@@ -148,21 +157,34 @@ class WorkerLoop:
     def execute(self, claimed: dict[str, Any]) -> None:
         lease = Lease(exp_id=claimed["id"], token=claimed["lease_token"])
         spec = claimed["spec"]
-        log.info("running %s: %s %s %s on %s", lease.exp_id, spec["op"], spec["shape"], spec["dtype"], spec["device"])
+        log.info(
+            "running %s: %s %s %s on %s",
+            lease.exp_id,
+            spec["op"],
+            spec["shape"],
+            spec["dtype"],
+            spec["device"],
+        )
         beat = threading.Thread(target=self._heartbeats, args=(lease,), daemon=True)
         beat.start()
         work_dir = Path(tempfile.mkdtemp(prefix="vramlab-"))
         try:
             outcome = self.runner.run(
                 spec,
-                should_cancel=lambda: lease.cancel_requested or lease.lost or self.aborting.is_set(),
+                should_cancel=lambda: (
+                    lease.cancel_requested or lease.lost or self.aborting.is_set()
+                ),
                 work_dir=work_dir,
             )
             lease.done.set()
             beat.join()
             if lease.lost:
                 return
-            if outcome.status == "cancelled" and self.aborting.is_set() and not lease.cancel_requested:
+            if (
+                outcome.status == "cancelled"
+                and self.aborting.is_set()
+                and not lease.cancel_requested
+            ):
                 self._call(lambda: self.client.release(lease.exp_id, lease.token), "release")
                 return
             self._report(lease, outcome)
@@ -182,6 +204,7 @@ class WorkerLoop:
         events = 0
         if outcome.trace_path is not None and outcome.trace_path.exists():
             for seq, gz in enumerate(trace_chunks(outcome.trace_path)):
+
                 def upload(seq: int = seq, gz: bytes = gz) -> None:
                     self.client.upload_trace(lease.exp_id, lease.token, seq, gz)
 
@@ -195,4 +218,8 @@ class WorkerLoop:
             "trace_events": events,
         }
         if self._call(lambda: self.client.report(lease.exp_id, lease.token, body), "report"):
-            log.info("%s: %s", lease.exp_id, outcome.status if outcome.error is None else outcome.error["type"])
+            log.info(
+                "%s: %s",
+                lease.exp_id,
+                outcome.status if outcome.error is None else outcome.error["type"],
+            )

@@ -49,9 +49,7 @@ SignalDep = Annotated[WorkSignal, Depends(get_signal)]
 NowDep = Annotated[datetime, Depends(now)]
 
 
-def experiment(
-    s: SessionDep, experiment_id: Annotated[str, Path(max_length=64)]
-) -> Experiment:
+def experiment(s: SessionDep, experiment_id: Annotated[str, Path(max_length=64)]) -> Experiment:
     return experiments.get(s, experiment_id)
 
 

@@ -12,11 +12,11 @@ from app.catalog.rounding import CUDA_BLOCK_ROUND, rounded_block_bytes
 
 __all__ = [
     "CUDA_BLOCK_ROUND",
-    "CatalogError",
     "DEVICE_TYPES",
     "DTYPES",
     "FLOATING_DTYPES",
     "OPS",
+    "CatalogError",
     "OpEntry",
     "Param",
     "TensorPlan",

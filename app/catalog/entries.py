@@ -88,7 +88,11 @@ OPS: dict[str, OpEntry] = {
             name="sleep",
             summary="diagnostic: hold the shape's tensor and sleep (tests timeouts and cancel)",
             plan_fn=_creation,
-            params=(Param("seconds", "float", "how long to sleep", default=1.0, minimum=0, maximum=3600),),
+            params=(
+                Param(
+                    "seconds", "float", "how long to sleep", default=1.0, minimum=0, maximum=3600
+                ),
+            ),
             tags=("diagnostic",),
         ),
         OpEntry(
@@ -104,8 +108,12 @@ OPS: dict[str, OpEntry] = {
             params=(
                 Param("source_device", "device", "where the source tensor is made", default="cpu"),
                 Param("source_dtype", "dtype", "dtype of the source tensor (default: dtype)"),
-                Param("pin_memory", "bool", "pin the source in page-locked host memory", default=False),
-                Param("non_blocking", "bool", "asynchronous copy (pinned memory only)", default=False),
+                Param(
+                    "pin_memory", "bool", "pin the source in page-locked host memory", default=False
+                ),
+                Param(
+                    "non_blocking", "bool", "asynchronous copy (pinned memory only)", default=False
+                ),
                 Param("copy", "bool", "copy even when nothing would change", default=False),
             ),
             tags=("transfer",),

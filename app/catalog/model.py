@@ -65,7 +65,9 @@ class Param:
         if self.kind in ("int", "float"):
             ok = isinstance(value, int) if self.kind == "int" else isinstance(value, int | float)
             if isinstance(value, bool) or not ok:
-                raise CatalogError(field, f"must be a{'n integer' if self.kind == 'int' else ' number'}")
+                raise CatalogError(
+                    field, f"must be a{'n integer' if self.kind == 'int' else ' number'}"
+                )
             if not math.isfinite(value):
                 raise CatalogError(field, "must be finite")
             if self.minimum is not None and value < self.minimum:
@@ -204,12 +206,15 @@ class OpEntry:
             )
         return {name: p.check(params.get(name), f"params.{name}") for name, p in known.items()}
 
-    def plan(self, shape: tuple[int, ...], params: Mapping[str, Any], dtype: str, device: str) -> TensorPlan:
+    def plan(
+        self, shape: tuple[int, ...], params: Mapping[str, Any], dtype: str, device: str
+    ) -> TensorPlan:
         if len(shape) < self.min_dims:
             raise CatalogError("shape", f"op {self.name!r} needs at least {self.min_dims} dims")
         if dtype not in self.dtypes:
             raise CatalogError(
-                "dtype", f"op {self.name!r} does not take {dtype!r}; allowed: {', '.join(self.dtypes)}"
+                "dtype",
+                f"op {self.name!r} does not take {dtype!r}; allowed: {', '.join(self.dtypes)}",
             )
         kind = parse_device(device)[0]
         if kind not in self.devices:

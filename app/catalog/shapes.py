@@ -9,7 +9,9 @@ def broadcast(a: tuple[int, ...], b: tuple[int, ...], field: str) -> tuple[int, 
         x = a[-i] if i <= len(a) else 1
         y = b[-i] if i <= len(b) else 1
         if x != y and 1 not in (x, y):
-            raise CatalogError(field, f"shapes {list(a)} and {list(b)} do not broadcast (dim -{i}: {x} vs {y})")
+            raise CatalogError(
+                field, f"shapes {list(a)} and {list(b)} do not broadcast (dim -{i}: {x} vs {y})"
+            )
         out.append(y if x == 1 else x)
     return tuple(reversed(out))
 
@@ -26,7 +28,8 @@ def matmul_shape(a: tuple[int, ...], b: tuple[int, ...], field: str) -> tuple[in
     b2 = (*b, 1) if len(b) == 1 else b
     if a2[-1] != b2[-2]:
         raise CatalogError(
-            field, f"inner dims differ: shape {list(a)} @ other_shape {list(b)} ({a2[-1]} vs {b2[-2]})"
+            field,
+            f"inner dims differ: shape {list(a)} @ other_shape {list(b)} ({a2[-1]} vs {b2[-2]})",
         )
     batch = broadcast(a2[:-2], b2[:-2], field)
     out = (*batch, a2[-2], b2[-1])

@@ -49,4 +49,6 @@ class ExperimentOut(BaseModel):
 
 class ExperimentPage(BaseModel):
     items: list[ExperimentOut]
-    next_cursor: str | None = Field(description="pass as ?cursor= for the next page; null at the end")
+    next_cursor: str | None = Field(
+        description="pass as ?cursor= for the next page; null at the end"
+    )

@@ -46,7 +46,9 @@ class ClaimedExperiment(BaseModel):
     attempt: int
     lease_token: str
     lease_expires_at: datetime
-    spec: dict[str, Any] = Field(description="the validated spec, params filled, with its prediction")
+    spec: dict[str, Any] = Field(
+        description="the validated spec, params filled, with its prediction"
+    )
 
 
 class LeaseRequest(BaseModel):

@@ -3,6 +3,7 @@
 import base64
 import binascii
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -76,7 +77,7 @@ def cancel(session: Session, exp: Experiment, now: datetime) -> Experiment:
 
 @dataclass(frozen=True)
 class Filters:
-    status: list[str] | None = None
+    status: Sequence[str] | None = None
     op: str | None = None
     device: str | None = None
     tag: str | None = None
@@ -94,9 +95,10 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
         stamp, exp_id = raw.split("|", 1)
         return datetime.fromisoformat(stamp), exp_id
     except (ValueError, binascii.Error, UnicodeDecodeError):
-        raise ApiError("cursor: not a cursor this API returned", details=[
-            {"field": "cursor", "message": "pass next_cursor from a previous page"}
-        ]) from None
+        raise ApiError(
+            "cursor: not a cursor this API returned",
+            details=[{"field": "cursor", "message": "pass next_cursor from a previous page"}],
+        ) from None
 
 
 def page(

@@ -115,7 +115,11 @@ def _touch_worker(session: Session, exp: Experiment, now: datetime, *, done: boo
 
 
 def heartbeat(
-    session: Session, exp: Experiment, progress: dict[str, Any] | None, settings: Settings, now: datetime
+    session: Session,
+    exp: Experiment,
+    progress: dict[str, Any] | None,
+    settings: Settings,
+    now: datetime,
 ) -> Experiment:
     exp.lease_expires_at = now + timedelta(seconds=settings.lease_seconds)
     if progress is not None:
@@ -148,7 +152,10 @@ def finish(session: Session, exp: Experiment, req: OutcomeRequest, now: datetime
         exp.error_details = req.error.details
     if req.result is not None:
         exp.result = Result(
-            worker_id=exp.worker_id, attempt=exp.attempts, data=req.result, trace_events=req.trace_events
+            worker_id=exp.worker_id,
+            attempt=exp.attempts,
+            data=req.result,
+            trace_events=req.trace_events,
         )
     _touch_worker(session, exp, now, done=True)
     return exp

@@ -35,7 +35,9 @@ def accept(spec: ExperimentSpec, settings: Settings) -> AcceptedSpec:
         if "diagnostic" in entry.tags and not settings.diagnostic_ops:
             raise CatalogError("op", f"op {spec.op!r} is a diagnostic op, off on this service")
         if spec.dtype not in DTYPES:
-            raise CatalogError("dtype", f"unknown dtype {spec.dtype!r}; allowed: {', '.join(DTYPES)}")
+            raise CatalogError(
+                "dtype", f"unknown dtype {spec.dtype!r}; allowed: {', '.join(DTYPES)}"
+            )
         try:
             kind, index = parse_device(spec.device)
         except ValueError as exc:

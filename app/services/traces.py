@@ -28,7 +28,9 @@ def _decompress(data: bytes, limit: int) -> bytes:
     return out
 
 
-def store_chunk(session: Session, exp: Experiment, seq: int, body: bytes, settings: Settings) -> int:
+def store_chunk(
+    session: Session, exp: Experiment, seq: int, body: bytes, settings: Settings
+) -> int:
     """Validate and store one chunk; chunks arrive in order from 0. Returns its event count."""
     if len(body) > settings.max_trace_chunk_bytes:
         raise PayloadTooLarge(f"trace chunk is larger than {settings.max_trace_chunk_bytes} bytes")

@@ -34,7 +34,9 @@ def get(session: Session, worker_id: str) -> Worker:
 
 
 def is_live(worker: Worker, now: datetime, live_seconds: float) -> bool:
-    return worker.state != "stopped" and worker.last_seen_at >= now - timedelta(seconds=live_seconds)
+    return worker.state != "stopped" and worker.last_seen_at >= now - timedelta(
+        seconds=live_seconds
+    )
 
 
 def list_all(session: Session) -> list[Worker]:

@@ -24,7 +24,11 @@ def test_queued_experiment_says_why_no_worker_runs_it(client: httpx.Client) -> N
     assert "no live worker" in exp["queue"]["reason"]
     register(client, CPU_CAPS)
     queue = client.get(f"/v1/experiments/{exp['id']}").json()["queue"]
-    assert queue == {"runnable": False, "live_workers": 1, "reason": "no live worker can run it: it needs a cuda worker"}
+    assert queue == {
+        "runnable": False,
+        "live_workers": 1,
+        "reason": "no live worker can run it: it needs a cuda worker",
+    }
     cpu = submit(client, ADD)
     assert client.get(f"/v1/experiments/{cpu['id']}").json()["queue"]["runnable"] is True
 
@@ -43,7 +47,11 @@ def test_queued_experiment_says_why_no_worker_runs_it(client: httpx.Client) -> N
         ({"colour": "red"}, "colour", "Extra inputs"),
         ({"repeat": 0}, "repeat", "greater than or equal to 1"),
         ({"trace": "everything"}, "trace", "'none', 'events' or 'stacks'"),
-        ({"op": "matmul", "params": {"other_shape": [7, 3]}}, "params.other_shape", "inner dims differ"),
+        (
+            {"op": "matmul", "params": {"other_shape": [7, 3]}},
+            "params.other_shape",
+            "inner dims differ",
+        ),
         ({"op": "matmul"}, "params.other_shape", "is required"),
         ({"op": "randn", "dtype": "int32"}, "dtype", "does not take 'int32'"),
         ({"allocator": {"backend": "magic"}}, "allocator.backend", "native"),

@@ -68,7 +68,11 @@ def test_succeeded_needs_the_contract_memory_figures(client: httpx.Client) -> No
     submit(client)
     got = claim(client, register(client))
     assert got is not None
-    body = {"lease_token": got["lease_token"], "status": "succeeded", "result": {"memory": {"allocated_before": 1}}}
+    body = {
+        "lease_token": got["lease_token"],
+        "status": "succeeded",
+        "result": {"memory": {"allocated_before": 1}},
+    }
     response = client.post(f"/v1/worker/experiments/{got['id']}/result", json=body)
     assert response.status_code == 422
     assert "allocated_after" in response.text
@@ -87,12 +91,22 @@ def test_failure_is_recorded_with_its_type(client: httpx.Client) -> None:
     assert client.post(f"/v1/worker/experiments/{got['id']}/result", json=body).status_code == 200
     done = client.get(f"/v1/experiments/{exp['id']}").json()
     assert done["status"] == "failed"
-    assert done["error"] == {"type": "oom", "message": "CUDA out of memory", "hint": "smaller shape", "details": None}
+    assert done["error"] == {
+        "type": "oom",
+        "message": "CUDA out of memory",
+        "hint": "smaller shape",
+        "details": None,
+    }
 
 
 def _events(n: int, start: int = 0) -> list[dict[str, Any]]:
     return [
-        {"seq": start + i, "action": "alloc" if i % 2 == 0 else "free", "size": 512 * (i + 1), "t_us": float(i)}
+        {
+            "seq": start + i,
+            "action": "alloc" if i % 2 == 0 else "free",
+            "size": 512 * (i + 1),
+            "t_us": float(i),
+        }
         for i in range(n)
     ]
 
@@ -112,7 +126,9 @@ def test_trace_upload_and_read_back(client: httpx.Client) -> None:
     assert client.put(f"{url}/5", content=_gz(_events(1)), headers=headers).status_code == 409
     bad = client.put(f"{url}/2", content=b"not gzip", headers=headers)
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "bad_request"
-    stale = client.put(f"{url}/2", content=_gz(_events(1)), headers={**headers, "X-Lease-Token": "x"})
+    stale = client.put(
+        f"{url}/2", content=_gz(_events(1)), headers={**headers, "X-Lease-Token": "x"}
+    )
     assert stale.status_code == 409
     assert succeed(client, got).status_code == 200
 
@@ -152,7 +168,9 @@ def test_release_puts_it_back_without_an_attempt(client: httpx.Client) -> None:
     worker = register(client)
     got = claim(client, worker)
     assert got is not None
-    client.post(f"/v1/worker/experiments/{exp['id']}/release", json={"lease_token": got["lease_token"]})
+    client.post(
+        f"/v1/worker/experiments/{exp['id']}/release", json={"lease_token": got["lease_token"]}
+    )
     back = client.get(f"/v1/experiments/{exp['id']}").json()
     assert back["status"] == "queued" and back["attempts"] == 0
     assert claim(client, worker)["attempt"] == 1  # type: ignore[index]
@@ -163,7 +181,9 @@ def test_cancel_a_running_experiment_reaches_the_worker(client: httpx.Client) ->
     got = claim(client, register(client))
     assert got is not None
     assert client.post(f"/v1/experiments/{exp['id']}/cancel").json()["cancel_requested"] is True
-    beat = client.post(f"/v1/worker/experiments/{exp['id']}/heartbeat", json={"lease_token": got["lease_token"]})
+    beat = client.post(
+        f"/v1/worker/experiments/{exp['id']}/heartbeat", json={"lease_token": got["lease_token"]}
+    )
     assert beat.json()["cancel_requested"] is True
     body = {"lease_token": got["lease_token"], "status": "cancelled"}
     client.post(f"/v1/worker/experiments/{exp['id']}/result", json=body)
@@ -197,10 +217,10 @@ def test_workers_are_listed_with_capabilities(client: httpx.Client) -> None:
 
 
 def test_worker_token_is_required_when_configured(database_url: str) -> None:
-    with LiveServer(make_settings(database_url, worker_token="s3cret")) as live:
-        with httpx.Client(base_url=live.url) as client:
-            body = {"name": "w", "capabilities": CPU_CAPS}
-            denied = client.post("/v1/worker/register", json=body)
-            assert denied.status_code == 401 and denied.json()["error"]["type"] == "unauthorized"
-            ok = client.post("/v1/worker/register", json=body, headers={"Authorization": "Bearer s3cret"})
-            assert ok.status_code == 200
+    settings = make_settings(database_url, worker_token="s3cret")
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url) as client:
+        body = {"name": "w", "capabilities": CPU_CAPS}
+        denied = client.post("/v1/worker/register", json=body)
+        assert denied.status_code == 401 and denied.json()["error"]["type"] == "unauthorized"
+        auth = {"Authorization": "Bearer s3cret"}
+        assert client.post("/v1/worker/register", json=body, headers=auth).status_code == 200

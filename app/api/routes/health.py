@@ -20,6 +20,11 @@ def readyz(s: SessionDep) -> JSONResponse:
     try:
         version = s.execute(text("SELECT version_num FROM alembic_version")).scalar()
     except SQLAlchemyError as exc:
-        body = {"error": {"type": "not_ready", "message": f"database not ready: {exc.__class__.__name__}"}}
+        body = {
+            "error": {
+                "type": "not_ready",
+                "message": f"database not ready: {exc.__class__.__name__}",
+            }
+        }
         return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
     return JSONResponse({"status": "ready", "schema": version})

@@ -45,7 +45,9 @@ def trace(
     """``offset`` counts matching events. ``json`` pages; ``ndjson`` streams every match."""
     actions = set(action) if action else None
     if format == "ndjson":
-        return StreamingResponse(_stream(db, exp.id, actions, min_size), media_type="application/x-ndjson")
+        return StreamingResponse(
+            _stream(db, exp.id, actions, min_size), media_type="application/x-ndjson"
+        )
     matching = (e for e in traces.iter_events(s, exp.id) if traces.matches(e, actions, min_size))
     window = list(itertools.islice(matching, offset, offset + limit + 1))
     more = len(window) > limit
@@ -59,7 +61,9 @@ def trace(
     )
 
 
-def _stream(db: Database, experiment_id: str, actions: set[str] | None, min_size: int) -> Iterator[bytes]:
+def _stream(
+    db: Database, experiment_id: str, actions: set[str] | None, min_size: int
+) -> Iterator[bytes]:
     with db.session(write=False) as s:
         for event in traces.iter_events(s, experiment_id):
             if traces.matches(event, actions, min_size):

@@ -68,7 +68,9 @@ def spec_for_worker(exp: Experiment) -> dict[str, object]:
 
 
 @router.post("/register", response_model=RegisterResponse)
-def register(req: RegisterRequest, s: SessionDep, settings: SettingsDep, now: NowDep) -> RegisterResponse:
+def register(
+    req: RegisterRequest, s: SessionDep, settings: SettingsDep, now: NowDep
+) -> RegisterResponse:
     worker = workers.register(s, req, now)
     return RegisterResponse(
         worker_id=worker.id,
@@ -127,18 +129,28 @@ ExperimentId = Annotated[str, Path(max_length=64)]
 
 @router.post("/experiments/{experiment_id}/heartbeat", response_model=HeartbeatResponse)
 def heartbeat(
-    experiment_id: ExperimentId, req: HeartbeatRequest, s: SessionDep, settings: SettingsDep, now: NowDep
+    experiment_id: ExperimentId,
+    req: HeartbeatRequest,
+    s: SessionDep,
+    settings: SettingsDep,
+    now: NowDep,
 ) -> HeartbeatResponse:
-    exp = queue.heartbeat(s, queue.owned(s, experiment_id, req.lease_token), req.progress, settings, now)
+    exp = queue.heartbeat(
+        s, queue.owned(s, experiment_id, req.lease_token), req.progress, settings, now
+    )
     assert exp.lease_expires_at is not None
-    return HeartbeatResponse(lease_expires_at=exp.lease_expires_at, cancel_requested=exp.cancel_requested)
+    return HeartbeatResponse(
+        lease_expires_at=exp.lease_expires_at, cancel_requested=exp.cancel_requested
+    )
 
 
 @router.put(
     "/experiments/{experiment_id}/trace/{seq}",
     summary="Upload one gzip-compressed NDJSON chunk of the trace",
     openapi_extra={
-        "requestBody": {"content": {"application/gzip": {"schema": {"type": "string", "format": "binary"}}}}
+        "requestBody": {
+            "content": {"application/gzip": {"schema": {"type": "string", "format": "binary"}}}
+        }
     },
 )
 async def upload_trace(
@@ -164,12 +176,16 @@ async def upload_trace(
 
 
 @router.post("/experiments/{experiment_id}/result", summary="Report the outcome")
-def result(experiment_id: ExperimentId, req: OutcomeRequest, s: SessionDep, now: NowDep) -> dict[str, str]:
+def result(
+    experiment_id: ExperimentId, req: OutcomeRequest, s: SessionDep, now: NowDep
+) -> dict[str, str]:
     exp = queue.finish(s, queue.owned(s, experiment_id, req.lease_token), req, now)
     return {"id": exp.id, "status": exp.status}
 
 
 @router.post("/experiments/{experiment_id}/release", summary="Give the experiment back unrun")
-def release(experiment_id: ExperimentId, req: LeaseRequest, s: SessionDep, now: NowDep) -> dict[str, str]:
+def release(
+    experiment_id: ExperimentId, req: LeaseRequest, s: SessionDep, now: NowDep
+) -> dict[str, str]:
     exp = queue.release(s, queue.owned(s, experiment_id, req.lease_token), now)
     return {"id": exp.id, "status": exp.status}

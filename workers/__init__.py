@@ -1,0 +1,1 @@
+"""vramlab's worker: claims experiments over HTTP and runs each in a clean child process."""
