@@ -10,17 +10,13 @@ and their ratio.
 """
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 
-import httpx
+from service import run_to_end, running_service
 
-ROOT = Path(__file__).resolve().parent.parent
 SPEC = {
     "op": "add",
     "shape": [256, 256],
@@ -40,56 +36,15 @@ def p95(xs: list[float]) -> float:
 
 
 def service_latencies(device: str, n: int) -> list[float]:
-    tmp = Path(tempfile.mkdtemp(prefix="vramlab-bench-"))
-    port = 8765
-    url = f"http://127.0.0.1:{port}"
-    env = {
-        **os.environ,
-        "VRAMLAB_DATABASE_URL": f"sqlite:///{tmp / 'bench.db'}",
-        "PYTHONPATH": str(ROOT),
-    }
-    cli = [sys.executable, "-m", "app.cli"]
-    log = (tmp / "bench.log").open("wb")
-    api = subprocess.Popen(
-        [*cli, "serve", "--port", str(port), "--log-level", "warning"],
-        env=env,
-        stdout=log,
-        stderr=log,
-    )
-    worker = subprocess.Popen(
-        [*cli, "worker", "--api", url, "--device", device], env=env, stdout=log, stderr=log
-    )
     out: list[float] = []
-    try:
-        with httpx.Client(base_url=url, timeout=60) as client:
-            deadline = time.monotonic() + 120
-            while True:  # ready when a live worker is registered
-                try:
-                    if any(w["live"] for w in client.get("/v1/workers").json()):
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"service did not start; see {tmp / 'bench.log'}")
-                time.sleep(0.2)
-            for i in range(n + 1):  # the first warms the forkserver's page cache; not counted
-                t0 = time.perf_counter()
-                exp_id = client.post("/v1/experiments", json={**SPEC, "device": device}).json()[
-                    "id"
-                ]
-                while (exp := client.get(f"/v1/experiments/{exp_id}").json())["status"] in (
-                    "queued",
-                    "running",
-                ):
-                    time.sleep(0.005)
-                if exp["status"] != "succeeded":
-                    raise RuntimeError(f"bench experiment {exp['status']}: {exp.get('error')}")
-                if i:
-                    out.append(time.perf_counter() - t0)
-    finally:
-        for proc in (worker, api):
-            proc.terminate()
-            proc.wait(timeout=60)
+    with running_service(device) as client:
+        for i in range(n + 1):  # the first pays for one-off imports in the child: not counted
+            t0 = time.perf_counter()
+            exp = run_to_end(client, {**SPEC, "device": device})
+            if exp["status"] != "succeeded":
+                raise RuntimeError(f"bench experiment {exp['status']}: {exp.get('error')}")
+            if i:
+                out.append(time.perf_counter() - t0)
     return out
 
 

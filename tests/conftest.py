@@ -22,7 +22,8 @@ from app.main import create_app
 POSTGRES_URL = os.environ.get(
     "VRAMLAB_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
-ENGINES = ("sqlite", "postgres")
+# The GPU host has no PostgreSQL: VRAMLAB_TEST_ENGINES=sqlite runs the SQLite half alone.
+ENGINES = tuple(os.environ.get("VRAMLAB_TEST_ENGINES", "sqlite,postgres").split(","))
 
 
 def _admin_url() -> str:

@@ -52,6 +52,13 @@ def _never() -> bool:
     return False
 
 
+def _needs_cuda(spec: dict[str, Any]) -> bool:
+    """Whether any tensor of the spec lives on a GPU, or needs one (pinned host memory)."""
+    params = spec.get("params") or {}
+    devices = (str(spec["device"]), str(params.get("source_device") or "cpu"))
+    return bool(params.get("pin_memory")) or any(d.startswith("cuda") for d in devices)
+
+
 def _child_entry(kind: str, conn: Connection, args: tuple[Any, ...]) -> None:
     """Runs in the child. Imports happen here so this module stays torch-free."""
     try:
@@ -121,14 +128,13 @@ class Runner:
         should_cancel: Callable[[], bool] = _never,
         work_dir: Path | None = None,
     ) -> Outcome:
-        kind = str(spec["device"]).split(":")[0]
-        if self.device != "auto" and kind != self.device:
+        if self.device == "cpu" and _needs_cuda(spec):
             return Outcome(
                 "failed",
                 None,
                 {
                     "type": "unsupported_on_device",
-                    "message": f"this worker runs {self.device} experiments only, not {kind}",
+                    "message": "this worker runs with --device cpu; the experiment needs CUDA",
                     "hint": "queue it for a worker that offers this device",
                     "details": {},
                 },

@@ -42,6 +42,17 @@ class Experiment(Base):
     priority: Mapped[int] = mapped_column(default=0)
     predicted_bytes: Mapped[int] = mapped_column(BigInteger)
     prediction: Mapped[dict[str, Any]]
+    # A scenario: named-tensor steps instead of one op (None for a single op).
+    steps: Mapped[list[Any] | None] = mapped_column(default=None)
+    # The preset this experiment was queued from, if any.
+    preset: Mapped[str | None] = mapped_column(String(64), default=None, index=True)
+    sweep_id: Mapped[str | None] = mapped_column(
+        ForeignKey("sweeps.id", ondelete="SET NULL"), default=None, index=True
+    )
+    # Who submitted it (an API token's id; None while the API runs open) and the
+    # client's Idempotency-Key, namespaced by that token, unique.
+    submitted_by: Mapped[str | None] = mapped_column(String(36), default=None)
+    idempotency_key: Mapped[str | None] = mapped_column(String(300), default=None, unique=True)
 
     attempts: Mapped[int] = mapped_column(default=0)
     lease_token: Mapped[str | None] = mapped_column(String(64), default=None)

@@ -59,9 +59,28 @@ def _stop(proc: subprocess.Popen[bytes]) -> int:
     return proc.returncode
 
 
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
 @pytest.fixture
 def service(database_url: str, tmp_path: Path) -> Iterator[str]:
     """`vramlab serve` and `vramlab worker --device cpu`, each its own process."""
+    yield from _service(database_url, tmp_path, "cpu")
+
+
+@pytest.fixture
+def cuda_service(tmp_path: Path) -> Iterator[str]:
+    if not _cuda_available():
+        pytest.skip("needs a CUDA GPU")
+    yield from _service(f"sqlite:///{tmp_path / 'cuda.db'}", tmp_path, "cuda")
+
+
+def _service(database_url: str, tmp_path: Path, device: str) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = _env(database_url, VRAMLAB_DIAGNOSTIC_OPS="true", VRAMLAB_CLAIM_WAIT_SECONDS="5")
@@ -77,7 +96,7 @@ def service(database_url: str, tmp_path: Path) -> Iterator[str]:
     try:
         _wait_ready(url, api)
         worker = subprocess.Popen(
-            [*VRAMLAB, "worker", "--api", url, "--device", "cpu", "--name", "e2e"],
+            [*VRAMLAB, "worker", "--api", url, "--device", device, "--name", "e2e"],
             env=env,
             stdout=(logs / "worker.log").open("wb"),
             stderr=subprocess.STDOUT,
@@ -154,3 +173,29 @@ def test_vramlab_up_serves_and_runs_on_sqlite(tmp_path: Path) -> None:
     finally:
         code = _stop(up)
     assert code == 0, log.read_text()[-3000:]
+
+
+@pytest.mark.cuda
+def test_readme_examples_on_cuda(cuda_service: str) -> None:
+    """The README's matmul and an add on CUDA through the real service."""
+    with httpx.Client(base_url=cuda_service, timeout=30) as client:
+        add = {"op": "add", "shape": [1000, 1000], "dtype": "float32", "device": "cuda"}
+        matmul = {
+            "op": "matmul",
+            "shape": [1000, 2000],
+            "params": {"other_shape": [2000, 500]},
+            "dtype": "float32",
+            "device": "cuda",
+        }
+        ids = [client.post("/v1/experiments", json=s).json()["id"] for s in (add, matmul)]
+        done_add, done_matmul = (_wait_done(client, i) for i in ids)
+        assert done_add["status"] == "succeeded", done_add["error"]
+        assert (
+            done_add["result"]["memory"]["delta_allocated"]
+            == done_add["prediction"]["delta_allocated"]
+        )
+        assert done_add["result"]["environment"]["gpu_name"]
+        assert done_matmul["status"] == "succeeded", done_matmul["error"]
+        assert any("cuBLAS" in note for note in done_matmul["result"]["notes"])
+        trace = client.get(f"/v1/experiments/{ids[0]}/trace", params={"action": "alloc"}).json()
+        assert sum(e["size"] == 4_000_000 for e in trace["events"]) >= 3

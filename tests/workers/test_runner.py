@@ -210,8 +210,15 @@ def test_capabilities(runner: Runner) -> None:
 
 
 def test_a_cpu_runner_refuses_cuda_specs(make_spec: SpecFactory) -> None:
-    outcome = Runner("cpu").run(make_spec("add", [4], device="cuda:0"))
-    assert outcome.error is not None and outcome.error["type"] == "unsupported_on_device"
+    cpu = Runner("cpu")
+    for spec in (
+        make_spec("add", [4], device="cuda:0"),
+        make_spec("to", [4], {"source_device": "cuda:0"}, device="cpu"),
+        make_spec("to", [4], {"pin_memory": True}, device="cpu"),
+    ):
+        outcome = cpu.run(spec)
+        assert outcome.error is not None and outcome.error["type"] == "unsupported_on_device"
+        assert "--device cpu" in outcome.error["message"]
 
 
 def test_the_runner_module_does_not_import_torch() -> None:

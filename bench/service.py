@@ -1,0 +1,66 @@
+"""A throwaway vramlab service for benchmarks: `vramlab serve` and `vramlab worker` as
+processes on a temporary SQLite file, ready when a live worker has registered."""
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@contextmanager
+def running_service(device: str, port: int = 8765) -> Iterator[httpx.Client]:
+    tmp = Path(tempfile.mkdtemp(prefix="vramlab-bench-"))
+    url = f"http://127.0.0.1:{port}"
+    env = {
+        **os.environ,
+        "VRAMLAB_DATABASE_URL": f"sqlite:///{tmp / 'bench.db'}",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
+    cli = [sys.executable, "-m", "app.cli"]
+    log = (tmp / "service.log").open("wb")
+    api = subprocess.Popen(
+        [*cli, "serve", "--port", str(port), "--log-level", "warning"],
+        env=env,
+        stdout=log,
+        stderr=log,
+    )
+    worker = subprocess.Popen(
+        [*cli, "worker", "--api", url, "--device", device], env=env, stdout=log, stderr=log
+    )
+    try:
+        with httpx.Client(base_url=url, timeout=60) as client:
+            deadline = time.monotonic() + 180
+            while True:
+                try:
+                    if any(w["live"] for w in client.get("/v1/workers").json()):
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline or worker.poll() is not None:
+                    raise RuntimeError(f"service did not start; see {tmp / 'service.log'}")
+                time.sleep(0.2)
+            yield client
+    finally:
+        for proc in (worker, api):
+            proc.terminate()
+            proc.wait(timeout=60)
+
+
+def run_to_end(client: httpx.Client, spec: dict[str, Any], poll_s: float = 0.005) -> dict[str, Any]:
+    response = client.post("/v1/experiments", json=spec)
+    response.raise_for_status()
+    exp_id = response.json()["id"]
+    while True:
+        exp: dict[str, Any] = client.get(f"/v1/experiments/{exp_id}").json()
+        if exp["status"] not in ("queued", "running"):
+            return exp
+        time.sleep(poll_s)
