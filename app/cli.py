@@ -86,6 +86,40 @@ def cmd_up(args: argparse.Namespace) -> int:
                 worker.kill()
 
 
+def cmd_token(args: argparse.Namespace) -> int:
+    from app.core.db import Database
+    from app.models.base import utcnow
+    from app.services import auth
+
+    db = Database(get_settings().database_url)
+    try:
+        with db.session() as s:
+            if args.action == "create":
+                try:
+                    row, plain = auth.create(
+                        s, args.name, args.scope or ["read", "submit"], utcnow()
+                    )
+                except ValueError as exc:
+                    print(f"vramlab token: {exc}", file=sys.stderr)
+                    return 2
+                print(plain)
+                print(
+                    f"token {row.id} ({row.name}; scopes: {', '.join(row.scopes)}): shown once, "
+                    "store it now",
+                    file=sys.stderr,
+                )
+            elif args.action == "list":
+                for row in auth.list_all(s):
+                    state = "revoked" if row.revoked_at else "active"
+                    print(f"{row.id}  {state:<8} {','.join(row.scopes):<28} {row.name}")
+            else:
+                auth.revoke(s, args.id, utcnow())
+                print(f"revoked {args.id}")
+    finally:
+        db.dispose()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     settings = get_settings()
     parser = argparse.ArgumentParser(prog="vramlab", description=__doc__)
@@ -112,10 +146,29 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("migrate", help="upgrade the database schema (Alembic)")
     p.set_defaults(func=cmd_migrate)
 
+    p = sub.add_parser("token", help="create, list or revoke API tokens (stored hashed)")
+    token_sub = p.add_subparsers(dest="action", required=True)
+    create = token_sub.add_parser("create", help="print a new token once")
+    create.add_argument(
+        "--scope",
+        action="append",
+        choices=["read", "submit", "worker", "admin"],
+        help="repeat for several (default: read and submit)",
+    )
+    create.add_argument("--name", default="token")
+    token_sub.add_parser("list", help="tokens, their scopes and state")
+    revoke = token_sub.add_parser("revoke", help="revoke a token by id")
+    revoke.add_argument("id")
+    p.set_defaults(func=cmd_token)
+
     p = sub.add_parser("up", help="the API plus one local worker (CUDA if present, else CPU)")
     server_args(p)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.set_defaults(func=cmd_up)
+
+    from app import client_cli  # submit, show, ls, trace, sweep, compare: HTTP clients
+
+    client_cli.register(sub)
     return parser
 
 

@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.schemas.error import ErrorResponse
@@ -57,6 +58,16 @@ class Unauthorized(ApiError):
     type = "unauthorized"
 
 
+class Forbidden(ApiError):
+    status_code = 403
+    type = "forbidden"
+
+
+class TooManyRequests(ApiError):
+    status_code = 429
+    type = "too_many_requests"
+
+
 class PayloadTooLarge(ApiError):
     status_code = 413
     type = "payload_too_large"
@@ -98,6 +109,24 @@ async def _http_error(_: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _bad_text(_: Request, exc: Exception) -> JSONResponse:
+    # JSON may carry lone UTF-16 surrogates ("\\ud800"), which no database can store.
+    message = "text must be valid Unicode: a lone surrogate (\\ud800-\\udfff) was sent"
+    return JSONResponse(
+        _body("validation_error", message, [{"field": "body", "message": message}]),
+        status_code=422,
+    )
+
+
+async def _database_down(_: Request, exc: Exception) -> JSONResponse:
+    log.warning("database unavailable: %s", exc)
+    return JSONResponse(
+        _body("unavailable", "the database is not answering; try again shortly"),
+        status_code=503,
+        headers={"Retry-After": "2"},
+    )
+
+
 async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error", exc_info=exc)
     return JSONResponse(_body("internal", "internal error (a bug in vramlab)"), status_code=500)
@@ -107,14 +136,24 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(ApiError, _api_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
+    # A lost connection or a server that is down or restarting: the client may retry.
+    app.add_exception_handler(UnicodeEncodeError, _bad_text)
+    app.add_exception_handler(OperationalError, _database_down)
+    app.add_exception_handler(InterfaceError, _database_down)
     app.add_exception_handler(Exception, _unexpected)
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorResponse, "description": text}
     for code, text in (
+        (400, "a request the API cannot use (a bad cursor, a malformed upload)"),
+        (401, "no token, or an unknown or revoked one"),
+        (403, "the token lacks the scope this needs"),
         (404, "not found"),
         (409, "conflict: the lease or the state does not allow it"),
+        (413, "the request body is over the size limit"),
         (422, "the input is invalid: details name each field and what is allowed"),
+        (429, "too many queued experiments for this token; see Retry-After"),
+        (503, "the database is not answering; see Retry-After"),
     )
 }

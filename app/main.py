@@ -6,14 +6,48 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from sqlalchemy.exc import SQLAlchemyError
 
 from app import errors
-from app.api.routes import catalog, experiments, health, traces, worker_protocol, workers
+from app.api.body_limit import BodyLimit
+from app.api.routes import (
+    catalog,
+    compare,
+    docs,
+    experiments,
+    health,
+    presets,
+    results,
+    sweeps,
+    traces,
+    ui,
+    worker_protocol,
+    workers,
+)
 from app.core.config import Settings, get_settings
 from app.core.db import Database
+from app.services import auth
 from app.services.signals import WorkSignal
 
 log = logging.getLogger("vramlab")
+
+
+def _say_how_auth_stands(db: Database, settings: Settings) -> None:
+    try:
+        with db.session(write=False) as s:
+            required = auth.auth_required(s, settings)
+    except SQLAlchemyError:
+        log.warning("vramlab: database not reachable at start; requests will get 503 until it is")
+        return
+    if required:
+        log.info("vramlab: API tokens are required (`vramlab token create --scope ...`)")
+    else:
+        log.warning(
+            "vramlab: the API is OPEN: no token needed, listening on %s only. Create a token "
+            "(`vramlab token create`) or listen beyond loopback and tokens become required.",
+            settings.host,
+        )
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -22,6 +56,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.signal.bind(asyncio.get_running_loop())
+        _say_how_auth_stands(app.state.db, settings)
         yield
         app.state.db.dispose()
 
@@ -30,11 +65,33 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="1.0.0",
         summary="Run GPU memory experiments with PyTorch and read what was measured.",
         lifespan=lifespan,
+        # /docs is served from local files (app/api/routes/docs.py); ReDoc needs a CDN.
+        docs_url=None,
+        redoc_url=None,
+        # Every failure can take the one error shape; document it on every operation.
+        responses=errors.ERROR_RESPONSES,
     )
     app.state.settings = settings
     app.state.db = Database(settings.database_url)
     app.state.signal = WorkSignal()
     errors.install(app)
+    app.add_middleware(
+        BodyLimit,
+        limit=settings.max_body_bytes,
+        large_paths=("/v1/worker/experiments/",),
+        large_limit=settings.max_trace_chunk_bytes,
+    )
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type", "Idempotency-Key"],
+        )
     for module in (experiments, traces, catalog, workers, worker_protocol, health):
         app.include_router(module.router)
+    for module in (results, sweeps, compare, ui):
+        app.include_router(module.router)
+    app.include_router(presets.router)
+    docs.install(app)
     return app

@@ -3,16 +3,18 @@ settings, the work signal, and look-ups that 404."""
 
 from collections.abc import Iterator
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
 from app.core.config import Settings
 from app.core.db import Database
+from app.errors import Forbidden, Unauthorized
 from app.models import Experiment
 from app.models.base import utcnow
-from app.services import experiments
+from app.services import auth, experiments
 from app.services.signals import WorkSignal
 
 READ_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -47,6 +49,48 @@ SessionDep = Annotated[Session, Depends(session, scope="function")]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SignalDep = Annotated[WorkSignal, Depends(get_signal)]
 NowDep = Annotated[datetime, Depends(now)]
+
+
+bearer = HTTPBearer(auto_error=False, description="an API token: `vramlab token create`")
+
+
+def principal(
+    db: Annotated[Database, Depends(get_db)],
+    settings: Annotated[Settings, Depends(get_settings)],
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> auth.Principal:
+    """The caller. A token that is given must be valid even where auth is off.
+
+    Its own short read session: a long-polling claim must not hold the request's
+    (write) session while it waits.
+    """
+    with db.session(write=False) as s:
+        if credentials is not None:
+            found = auth.authenticate(s, settings, credentials.credentials)
+            if found is None:
+                raise Unauthorized("the bearer token is unknown or revoked")
+            return found
+        required = auth.auth_required(s, settings)
+    if required:
+        raise Unauthorized(
+            "this API needs a token: `Authorization: Bearer <token>` (`vramlab token create`)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    return auth.OPEN
+
+
+PrincipalDep = Annotated[auth.Principal, Depends(principal)]
+
+
+def require(scope: str) -> Any:
+    """A dependency that lets only callers with ``scope`` (or ``admin``) through."""
+
+    def check(who: PrincipalDep) -> auth.Principal:
+        if not who.allows(scope):
+            raise Forbidden(f"this needs the {scope!r} scope; the token has {sorted(who.scopes)}")
+        return who
+
+    return Depends(check)
 
 
 def experiment(s: SessionDep, experiment_id: Annotated[str, Path(max_length=64)]) -> Experiment:

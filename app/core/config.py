@@ -2,6 +2,7 @@
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -42,8 +43,17 @@ class Settings(BaseSettings):
     # Trace uploads: largest compressed chunk accepted, and its decompressed limit.
     max_trace_chunk_bytes: int = 32 * 2**20
     max_trace_chunk_events: int = 100_000
-    # The worker's token; when set, the worker protocol requires it.
+    # A shared worker token (the `worker` scope), for deployments such as docker compose.
     worker_token: str | None = None
+    # "auto": auth is on when listening beyond loopback, with a worker token set, or once
+    # any API token exists; "on" and "off" force it.
+    auth: Literal["auto", "on", "off"] = "auto"
+    # Queued experiments one token (or the open service) may have at once; past it, 429.
+    max_queued_per_token: int = 10_000
+    # Request bodies larger than this get 413 (trace chunks have their own limit).
+    max_body_bytes: int = 1 * 2**20
+    # Origins allowed by CORS; none by default.
+    cors_origins: list[str] = []
 
     @field_validator("database_url")
     @classmethod

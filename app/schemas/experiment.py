@@ -9,7 +9,15 @@ from app.schemas.spec import ExperimentSpec
 
 Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 ErrorType = Literal[
-    "invalid_spec", "unsupported_on_device", "oom", "crashed", "timeout", "lost", "internal"
+    "invalid_spec",
+    "unsupported_on_device",
+    "device_mismatch",
+    "autograd_error",
+    "oom",
+    "crashed",
+    "timeout",
+    "lost",
+    "internal",
 ]
 
 
@@ -34,6 +42,7 @@ class ExperimentOut(BaseModel):
     spec: ExperimentSpec
     attempts: int
     worker_id: str | None
+    submitted_by: str | None = Field(default=None, description="the submitting token's id")
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
@@ -41,6 +50,7 @@ class ExperimentOut(BaseModel):
     progress: dict[str, Any] | None = None
     queue: QueueInfo | None = None
     prediction: dict[str, Any] = Field(description="bytes predicted by the catalog (a prediction)")
+    preset: str | None = Field(default=None, description="the preset it was queued from")
     result: dict[str, Any] | None = Field(
         default=None, description="what was measured; result.memory holds integer byte counts"
     )

@@ -9,9 +9,9 @@ from app.schemas.experiment import ErrorType
 
 
 class Gpu(BaseModel):
-    index: int = Field(ge=0)
+    index: int = Field(ge=0, le=63)
     name: str = Field(max_length=200)
-    total_memory: int = Field(ge=0)
+    total_memory: int = Field(ge=0, le=2**50)
 
 
 class Capabilities(BaseModel):
@@ -97,7 +97,7 @@ class OutcomeRequest(LeaseRequest):
     status: Literal["succeeded", "failed", "cancelled"]
     result: dict[str, Any] | None = None
     error: WorkerError | None = None
-    trace_events: int = Field(default=0, ge=0)
+    trace_events: int = Field(default=0, ge=0, le=10**9)
 
     @model_validator(mode="after")
     def _consistent(self) -> "OutcomeRequest":

@@ -7,11 +7,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import and_, event, or_, select
+from sqlalchemy import and_, event, func, or_, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from app.core.config import Settings
-from app.errors import ApiError, Conflict, NotFound
+from app.errors import ApiError, Conflict, NotFound, TooManyRequests
 from app.models import Experiment, ExperimentTag
 from app.schemas.experiment import ExperimentError, ExperimentOut, QueueInfo
 from app.schemas.spec import ExperimentSpec
@@ -23,7 +24,15 @@ TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 def submit(
-    session: Session, spec: ExperimentSpec, settings: Settings, signal: WorkSignal, now: datetime
+    session: Session,
+    spec: ExperimentSpec,
+    settings: Settings,
+    signal: WorkSignal,
+    now: datetime,
+    *,
+    submitted_by: str | None = None,
+    idempotency_key: str | None = None,
+    preset: str | None = None,
 ) -> Experiment:
     """Queue a spec in the caller's transaction; waiting workers wake once it commits."""
     accepted = accept(spec, settings)
@@ -50,10 +59,71 @@ def submit(
         prediction=accepted.prediction,
         created_at=now,
         tag_rows=[ExperimentTag(tag=t) for t in dict.fromkeys(s.tags)],
+        steps=s.steps,
+        preset=preset,
+        submitted_by=submitted_by,
+        idempotency_key=idempotency_key,
     )
     session.add(exp)
     event.listen(session, "after_commit", lambda _s: signal.notify(), once=True)
     return exp
+
+
+def check_quota(session: Session, submitted_by: str | None, settings: Settings) -> None:
+    """Refuse (429) a submitter that already has as many queued experiments as allowed."""
+    who = Experiment.submitted_by
+    stmt = select(func.count()).where(
+        Experiment.status == "queued",
+        who.is_(None) if submitted_by is None else who == submitted_by,
+    )
+    queued = session.scalar(stmt) or 0
+    if queued >= settings.max_queued_per_token:
+        raise TooManyRequests(
+            f"{queued} experiments of yours are queued; at most {settings.max_queued_per_token} "
+            "may wait at once (VRAMLAB_MAX_QUEUED_PER_TOKEN)",
+            headers={"Retry-After": "30"},
+        )
+
+
+def _by_key(session: Session, scoped_key: str) -> Experiment | None:
+    return session.scalar(select(Experiment).where(Experiment.idempotency_key == scoped_key))
+
+
+def submit_once(
+    session: Session,
+    spec: ExperimentSpec,
+    settings: Settings,
+    signal: WorkSignal,
+    now: datetime,
+    *,
+    submitted_by: str | None,
+    idempotency_key: str | None,
+) -> tuple[Experiment, bool]:
+    """Submit, unless this submitter already used this Idempotency-Key: then return the
+    first experiment and True (replayed). Keys are namespaced by the submitter."""
+    scoped = None if idempotency_key is None else f"{submitted_by or '-'}:{idempotency_key}"
+    if scoped is not None and (first := _by_key(session, scoped)) is not None:
+        return first, True
+    check_quota(session, submitted_by, settings)
+    try:
+        # A savepoint: if a concurrent request with the same key commits first, the unique
+        # index refuses this insert and the transaction goes on to return that one.
+        with session.begin_nested():
+            exp = submit(
+                session,
+                spec,
+                settings,
+                signal,
+                now,
+                submitted_by=submitted_by,
+                idempotency_key=scoped,
+            )
+            session.flush()
+    except IntegrityError:
+        if scoped is None or (first := _by_key(session, scoped)) is None:
+            raise
+        return first, True
+    return exp, False
 
 
 def get(session: Session, experiment_id: str) -> Experiment:
@@ -160,6 +230,7 @@ def to_out(exp: Experiment, queue: QueueInfo | None = None) -> ExperimentOut:
             "tags": exp.tags,
             "priority": exp.priority,
             "requirements": {"gpu_name": exp.gpu_name, "min_memory_bytes": exp.min_memory_bytes},
+            "steps": exp.steps,
         }
     )
     error = None
@@ -178,6 +249,7 @@ def to_out(exp: Experiment, queue: QueueInfo | None = None) -> ExperimentOut:
         spec=spec,
         attempts=exp.attempts,
         worker_id=exp.worker_id,
+        submitted_by=exp.submitted_by,
         created_at=exp.created_at,
         started_at=exp.started_at,
         finished_at=exp.finished_at,
@@ -185,6 +257,7 @@ def to_out(exp: Experiment, queue: QueueInfo | None = None) -> ExperimentOut:
         progress=exp.progress,
         queue=queue,
         prediction=exp.prediction,
+        preset=exp.preset,
         result=exp.result.data if exp.result is not None else None,
         error=error,
     )

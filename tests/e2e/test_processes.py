@@ -1,62 +1,16 @@
 """End to end: the real `vramlab` processes, started as the README starts them."""
 
-import os
-import signal
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
 from tests.conftest import free_port
+from tests.e2e.procs import VRAMLAB, env_for, stop, wait_done, wait_ready
 
 pytestmark = pytest.mark.slow
-VRAMLAB = [sys.executable, "-m", "app.cli"]
-
-
-def _env(database_url: str, **extra: str) -> dict[str, str]:
-    env = {**os.environ, "VRAMLAB_DATABASE_URL": database_url, "PYTHONUNBUFFERED": "1"}
-    env.update(extra)
-    return env
-
-
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"process exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} never became ready")
-
-
-def _wait_done(client: httpx.Client, exp_id: str, seconds: float = 120) -> dict[str, Any]:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        exp: dict[str, Any] = client.get(f"/v1/experiments/{exp_id}").json()
-        if exp["status"] in ("succeeded", "failed", "cancelled"):
-            return exp
-        time.sleep(0.2)
-    raise AssertionError(f"experiment {exp_id} did not finish: {exp}")
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> int:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-    return proc.returncode
 
 
 def _cuda_available() -> bool:
@@ -83,7 +37,7 @@ def cuda_service(tmp_path: Path) -> Iterator[str]:
 def _service(database_url: str, tmp_path: Path, device: str) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = _env(database_url, VRAMLAB_DIAGNOSTIC_OPS="true", VRAMLAB_CLAIM_WAIT_SECONDS="5")
+    env = env_for(database_url, VRAMLAB_DIAGNOSTIC_OPS="true", VRAMLAB_CLAIM_WAIT_SECONDS="5")
     logs = tmp_path / "logs"
     logs.mkdir()
     api = subprocess.Popen(
@@ -94,7 +48,7 @@ def _service(database_url: str, tmp_path: Path, device: str) -> Iterator[str]:
     )
     worker = None
     try:
-        _wait_ready(url, api)
+        wait_ready(url, api)
         worker = subprocess.Popen(
             [*VRAMLAB, "worker", "--api", url, "--device", device, "--name", "e2e"],
             env=env,
@@ -102,11 +56,11 @@ def _service(database_url: str, tmp_path: Path, device: str) -> Iterator[str]:
             stderr=subprocess.STDOUT,
         )
         yield url
-        assert _stop(worker) == 0, (logs / "worker.log").read_text()[-3000:]
+        assert stop(worker) == 0, (logs / "worker.log").read_text()[-3000:]
     finally:
         if worker is not None:
-            _stop(worker)
-        _stop(api)
+            stop(worker)
+        stop(api)
 
 
 def test_add_on_cpu_is_measured_end_to_end(service: str) -> None:
@@ -120,7 +74,7 @@ def test_add_on_cpu_is_measured_end_to_end(service: str) -> None:
         }
         accepted = client.post("/v1/experiments", json=spec)
         assert accepted.status_code == 202
-        exp = _wait_done(client, accepted.json()["id"])
+        exp = wait_done(client, accepted.json()["id"])
         assert exp["status"] == "succeeded", exp["error"]
         assert exp["attempts"] == 1 and exp["worker_id"]
         memory = exp["result"]["memory"]
@@ -147,16 +101,16 @@ def test_a_crashing_child_fails_and_the_worker_goes_on(service: str) -> None:
         after = client.post(
             "/v1/experiments", json={"op": "empty", "shape": [256, 256], "device": "cpu"}
         ).json()
-        crashed = _wait_done(client, crash["id"])
+        crashed = wait_done(client, crash["id"])
         assert crashed["status"] == "failed" and crashed["error"]["type"] == "crashed"
-        assert _wait_done(client, after["id"])["status"] == "succeeded"
+        assert wait_done(client, after["id"])["status"] == "succeeded"
 
 
 def test_vramlab_up_serves_and_runs_on_sqlite(tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "up.log"
-    env = _env(f"sqlite:///{tmp_path / 'up.db'}")
+    env = env_for(f"sqlite:///{tmp_path / 'up.db'}")
     up = subprocess.Popen(
         [*VRAMLAB, "up", "--port", str(port)],
         env=env,
@@ -164,14 +118,14 @@ def test_vramlab_up_serves_and_runs_on_sqlite(tmp_path: Path) -> None:
         stderr=subprocess.STDOUT,
     )
     try:
-        _wait_ready(url, up)
+        wait_ready(url, up)
         with httpx.Client(base_url=url, timeout=30) as client:
             spec = {"op": "randn", "shape": [512, 512], "dtype": "float32", "device": "cpu"}
-            exp = _wait_done(client, client.post("/v1/experiments", json=spec).json()["id"])
+            exp = wait_done(client, client.post("/v1/experiments", json=spec).json()["id"])
             assert exp["status"] == "succeeded", exp
             assert exp["result"]["memory"]["delta_allocated"] >= 512 * 512 * 4
     finally:
-        code = _stop(up)
+        code = stop(up)
     assert code == 0, log.read_text()[-3000:]
 
 
@@ -188,7 +142,7 @@ def test_readme_examples_on_cuda(cuda_service: str) -> None:
             "device": "cuda",
         }
         ids = [client.post("/v1/experiments", json=s).json()["id"] for s in (add, matmul)]
-        done_add, done_matmul = (_wait_done(client, i) for i in ids)
+        done_add, done_matmul = (wait_done(client, i) for i in ids)
         assert done_add["status"] == "succeeded", done_add["error"]
         assert (
             done_add["result"]["memory"]["delta_allocated"]

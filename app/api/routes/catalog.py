@@ -4,10 +4,10 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from app.api.deps import SettingsDep
+from app.api.deps import SettingsDep, require
 from app.catalog import DTYPES, OPS
 
-router = APIRouter(prefix="/v1", tags=["catalog"])
+router = APIRouter(prefix="/v1", tags=["catalog"], dependencies=[require("read")])
 
 
 @router.get("/catalog", summary="Ops, their parameters, dtypes and devices")

@@ -2,27 +2,52 @@
 
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Header, Query, Response
 
-from app.api.deps import ExperimentDep, NowDep, SessionDep, SettingsDep, SignalDep
+from app.api.deps import ExperimentDep, NowDep, SessionDep, SettingsDep, SignalDep, require
 from app.errors import ERROR_RESPONSES
 from app.schemas.experiment import ExperimentOut, ExperimentPage, Status
 from app.schemas.spec import ExperimentSpec
 from app.services import experiments
+from app.services.auth import Principal
 
 router = APIRouter(prefix="/v1/experiments", tags=["experiments"], responses=ERROR_RESPONSES)
 
 
 @router.post("", status_code=202, response_model=ExperimentOut, summary="Queue an experiment")
 def submit(
-    spec: ExperimentSpec, s: SessionDep, settings: SettingsDep, signal: SignalDep, now: NowDep
+    spec: ExperimentSpec,
+    s: SessionDep,
+    settings: SettingsDep,
+    signal: SignalDep,
+    now: NowDep,
+    response: Response,
+    who: Annotated[Principal, require("submit")],
+    idempotency_key: Annotated[
+        str | None,
+        Header(
+            min_length=1,
+            max_length=200,
+            pattern=r"^[\x21-\x7e]+$",
+            description="a key of yours: a repeated key returns the first experiment",
+        ),
+    ] = None,
 ) -> ExperimentOut:
-    exp = experiments.submit(s, spec, settings, signal, now)
-    s.flush()
-    return experiments.to_out(exp, experiments.queue_info(s, exp, settings, now))
+    exp, replayed = experiments.submit_once(
+        s, spec, settings, signal, now, submitted_by=who.id, idempotency_key=idempotency_key
+    )
+    if replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    queue = experiments.queue_info(s, exp, settings, now) if exp.status == "queued" else None
+    return experiments.to_out(exp, queue)
 
 
-@router.get("", response_model=ExperimentPage, summary="List experiments, newest first")
+@router.get(
+    "",
+    response_model=ExperimentPage,
+    summary="List experiments, newest first",
+    dependencies=[require("read")],
+)
 def list_experiments(
     s: SessionDep,
     status: Annotated[list[Status] | None, Query()] = None,
@@ -38,12 +63,22 @@ def list_experiments(
     return ExperimentPage(items=[experiments.to_out(e) for e in rows], next_cursor=next_cursor)
 
 
-@router.get("/{experiment_id}", response_model=ExperimentOut, summary="One experiment")
+@router.get(
+    "/{experiment_id}",
+    response_model=ExperimentOut,
+    summary="One experiment",
+    dependencies=[require("read")],
+)
 def read(exp: ExperimentDep, s: SessionDep, settings: SettingsDep, now: NowDep) -> ExperimentOut:
     queue = experiments.queue_info(s, exp, settings, now) if exp.status == "queued" else None
     return experiments.to_out(exp, queue)
 
 
-@router.post("/{experiment_id}/cancel", response_model=ExperimentOut, summary="Cancel")
+@router.post(
+    "/{experiment_id}/cancel",
+    response_model=ExperimentOut,
+    summary="Cancel",
+    dependencies=[require("submit")],
+)
 def cancel(exp: ExperimentDep, s: SessionDep, now: NowDep) -> ExperimentOut:
     return experiments.to_out(experiments.cancel(s, exp, now))

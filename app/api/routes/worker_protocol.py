@@ -5,16 +5,23 @@ experiment gets 409 ``lease_lost``, so a worker presumed dead never overwrites a
 """
 
 import asyncio
-import secrets
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Path, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from app.api.deps import NowDep, SessionDep, SettingsDep, get_db, get_settings, get_signal
+from app.api.deps import (
+    NowDep,
+    SessionDep,
+    SettingsDep,
+    get_db,
+    get_settings,
+    get_signal,
+    require,
+)
 from app.core.config import Settings
 from app.core.db import Database
-from app.errors import ERROR_RESPONSES, Unauthorized
+from app.errors import ERROR_RESPONSES
 from app.models import Experiment
 from app.models.base import utcnow
 from app.schemas.worker import (
@@ -30,23 +37,10 @@ from app.schemas.worker import (
 from app.services import queue, traces, workers
 from app.services.signals import WorkSignal, wait_for
 
-
-def require_worker(
-    settings: Annotated[Settings, Depends(get_settings)],
-    authorization: Annotated[str | None, Header()] = None,
-) -> None:
-    expected = settings.worker_token
-    if expected is None:
-        return
-    given = (authorization or "").removeprefix("Bearer ").strip()
-    if not secrets.compare_digest(given.encode(), expected.encode()):
-        raise Unauthorized("the worker protocol needs `Authorization: Bearer <worker token>`")
-
-
 router = APIRouter(
     prefix="/v1/worker",
     tags=["worker protocol"],
-    dependencies=[Depends(require_worker)],
+    dependencies=[require("worker")],
     responses=ERROR_RESPONSES,
 )
 
@@ -64,6 +58,7 @@ def spec_for_worker(exp: Experiment) -> dict[str, object]:
         "allocator": exp.allocator,
         "trace": exp.trace_mode,
         "prediction": exp.prediction,
+        "steps": exp.steps,
     }
 
 
@@ -75,7 +70,8 @@ def register(
     return RegisterResponse(
         worker_id=worker.id,
         lease_seconds=settings.lease_seconds,
-        heartbeat_seconds=max(0.5, settings.lease_seconds / 3),
+        # Often enough that a cancel reaches a running experiment within about 2 s.
+        heartbeat_seconds=max(0.2, min(settings.lease_seconds / 3, 2.0)),
     )
 
 
@@ -148,8 +144,13 @@ def heartbeat(
     "/experiments/{experiment_id}/trace/{seq}",
     summary="Upload one gzip-compressed NDJSON chunk of the trace",
     openapi_extra={
+        # gzip bytes, declared as octet-stream: the generic binary type that clients and
+        # schema tools know how to send.
         "requestBody": {
-            "content": {"application/gzip": {"schema": {"type": "string", "format": "binary"}}}
+            "required": True,
+            "content": {
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}
+            },
         }
     },
 )

@@ -2,11 +2,11 @@
 
 from fastapi import APIRouter
 
-from app.api.deps import NowDep, SessionDep, SettingsDep
+from app.api.deps import NowDep, SessionDep, SettingsDep, require
 from app.schemas.worker import WorkerOut
 from app.services import workers
 
-router = APIRouter(prefix="/v1/workers", tags=["workers"])
+router = APIRouter(prefix="/v1/workers", tags=["workers"], dependencies=[require("read")])
 
 
 @router.get("", response_model=list[WorkerOut], summary="Workers, their capabilities and liveness")

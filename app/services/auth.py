@@ -1,0 +1,99 @@
+"""API tokens: created once, stored as SHA-256 hashes, each granting scopes.
+
+Tokens are 256 random bits, so a plain SHA-256 is the right hash: there is nothing to
+brute-force, and look-up by hash stays one indexed query.
+"""
+
+import hashlib
+import secrets
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from app.core.config import Settings
+from app.errors import NotFound
+from app.models import ApiToken
+
+SCOPES = ("read", "submit", "worker", "admin")
+TOKEN_PREFIX = "vl_"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: a token's id and scopes, or the open local service."""
+
+    id: str | None
+    name: str
+    scopes: frozenset[str]
+
+    def allows(self, scope: str) -> bool:
+        return "admin" in self.scopes or scope in self.scopes
+
+
+OPEN = Principal(id=None, name="open", scopes=frozenset(SCOPES))
+STATIC_WORKER = Principal(
+    id="worker-token", name="VRAMLAB_WORKER_TOKEN", scopes=frozenset({"worker"})
+)
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def create(session: Session, name: str, scopes: list[str], now: datetime) -> tuple[ApiToken, str]:
+    unknown = sorted(set(scopes) - set(SCOPES))
+    if unknown or not scopes:
+        raise ValueError(f"scopes must be some of {', '.join(SCOPES)}; got {scopes}")
+    plain = TOKEN_PREFIX + secrets.token_urlsafe(32)
+    row = ApiToken(
+        id=str(uuid.uuid4()),
+        name=name,
+        token_hash=hash_token(plain),
+        scopes=sorted(set(scopes)),
+        created_at=now,
+    )
+    session.add(row)
+    return row, plain
+
+
+def revoke(session: Session, token_id: str, now: datetime) -> ApiToken:
+    row = session.get(ApiToken, token_id)
+    if row is None:
+        raise NotFound(f"no token {token_id!r}")
+    row.revoked_at = now
+    return row
+
+
+def list_all(session: Session) -> list[ApiToken]:
+    return list(session.scalars(select(ApiToken).order_by(ApiToken.created_at)))
+
+
+def tokens_exist(session: Session) -> bool:
+    stmt = select(ApiToken.id).where(ApiToken.revoked_at.is_(None)).limit(1)
+    return session.scalar(stmt) is not None
+
+
+def auth_required(session: Session, settings: Settings) -> bool:
+    """On when configured so, when listening beyond loopback, or once any token exists."""
+    if settings.auth == "on":
+        return True
+    if settings.auth == "off":
+        return False
+    if settings.host not in LOOPBACK or settings.worker_token is not None:
+        return True
+    return tokens_exist(session)
+
+
+def authenticate(session: Session, settings: Settings, token: str) -> Principal | None:
+    if settings.worker_token is not None and secrets.compare_digest(
+        token.encode(), settings.worker_token.encode()
+    ):
+        return STATIC_WORKER
+    row = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
+    if row is None or row.revoked_at is not None:
+        return None
+    return Principal(id=row.id, name=row.name, scopes=frozenset(row.scopes))

@@ -1,0 +1,118 @@
+"""Who may do what: bearer tokens with scopes, stored hashed; open only on loopback."""
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, text
+
+from app.core.config import normalise_database_url
+from tests.conftest import LiveServer, make_settings
+from tests.helpers import ADD, CPU_CAPS
+
+
+def create_token(database_url: str, *scopes: str) -> str:
+    """`vramlab token create`, as an operator runs it: the token is printed once."""
+    args = [sys.executable, "-m", "app.cli", "token", "create", "--name", "t"]
+    for scope in scopes:
+        args += ["--scope", scope]
+    env = {**os.environ, "VRAMLAB_DATABASE_URL": database_url}
+    done = subprocess.run(args, env=env, capture_output=True, text=True, check=True)
+    token = done.stdout.strip()
+    assert token.startswith("vl_") and "shown once" in done.stderr
+    return token
+
+
+def bearer(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def test_loopback_without_tokens_runs_open(client: httpx.Client) -> None:
+    assert client.post("/v1/experiments", json=ADD).status_code == 202
+    assert client.get("/v1/experiments").status_code == 200
+
+
+def test_scopes_decide_what_a_token_may_do(database_url: str) -> None:
+    reader = create_token(database_url, "read")
+    submitter = create_token(database_url, "submit")
+    worker = create_token(database_url, "worker")
+    admin = create_token(database_url, "admin")
+    with LiveServer(make_settings(database_url)) as live, httpx.Client(base_url=live.url) as c:
+        anonymous = c.get("/v1/experiments")
+        assert anonymous.status_code == 401
+        assert anonymous.json()["error"]["type"] == "unauthorized"
+        assert anonymous.headers["www-authenticate"] == "Bearer"
+        assert c.get("/v1/experiments", headers=bearer("vl_forged")).status_code == 401
+
+        assert c.get("/v1/experiments", headers=bearer(reader)).status_code == 200
+        denied = c.post("/v1/experiments", json=ADD, headers=bearer(reader))
+        assert denied.status_code == 403 and "'submit'" in denied.json()["error"]["message"]
+
+        made = c.post("/v1/experiments", json=ADD, headers=bearer(submitter))
+        assert made.status_code == 202
+        assert made.json()["submitted_by"] is not None
+        register = {"name": "w", "capabilities": CPU_CAPS}
+        assert (
+            c.post("/v1/worker/register", json=register, headers=bearer(submitter)).status_code
+            == 403
+        )
+        assert c.post("/v1/experiments", json=ADD, headers=bearer(worker)).status_code == 403
+        assert (
+            c.post("/v1/worker/register", json=register, headers=bearer(worker)).status_code == 200
+        )
+
+        for path in ("/v1/experiments", "/v1/workers", "/v1/catalog"):
+            assert c.get(path, headers=bearer(admin)).status_code == 200
+        assert c.get("/healthz").status_code == 200  # probes need no token
+
+
+def test_tokens_are_stored_hashed_and_can_be_revoked(database_url: str) -> None:
+    token = create_token(database_url, "read")
+    engine = create_engine(normalise_database_url(database_url))
+    with engine.connect() as conn:
+        stored = conn.execute(text("SELECT id, token_hash FROM api_tokens")).one()
+    engine.dispose()
+    assert stored.token_hash == hashlib.sha256(token.encode()).hexdigest()
+    assert token not in stored.token_hash
+    env = {**os.environ, "VRAMLAB_DATABASE_URL": database_url}
+    subprocess.run(
+        [sys.executable, "-m", "app.cli", "token", "revoke", stored.id], env=env, check=True
+    )
+    with LiveServer(make_settings(database_url, auth="on")) as live:
+        assert httpx.get(f"{live.url}/v1/experiments", headers=bearer(token)).status_code == 401
+
+
+def test_listening_beyond_loopback_requires_tokens(database_url: str) -> None:
+    with LiveServer(make_settings(database_url, host="0.0.0.0")) as live:
+        response = httpx.get(f"{live.url}/v1/experiments")
+        assert response.status_code == 401
+
+
+def test_the_shared_worker_token_only_works_the_protocol(database_url: str) -> None:
+    with LiveServer(make_settings(database_url, worker_token="w0rker")) as live:
+        with httpx.Client(base_url=live.url, headers=bearer("w0rker")) as c:
+            register = {"name": "w", "capabilities": CPU_CAPS}
+            assert c.post("/v1/worker/register", json=register).status_code == 200
+            assert c.post("/v1/experiments", json=ADD).status_code == 403
+
+
+def test_swagger_authorize_knows_bearer_tokens(client: httpx.Client) -> None:
+    schema = client.get("/openapi.json").json()
+    schemes = schema["components"]["securitySchemes"]
+    assert any(s.get("scheme") == "bearer" for s in schemes.values())
+    assert schema["paths"]["/v1/experiments"]["post"]["security"]
+
+
+@pytest.mark.parametrize("scope", ["bogus"])
+def test_unknown_scope_is_refused_by_the_cli(database_url: str, scope: str) -> None:
+    env = {**os.environ, "VRAMLAB_DATABASE_URL": database_url}
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli", "token", "create", "--scope", scope],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "invalid choice" in done.stderr
