@@ -2,17 +2,18 @@
 
 The runner forks this from a forkserver that imported torch but never touched CUDA, so
 each experiment starts with an empty caching allocator and its own allocator settings.
-The result goes back over a pipe as JSON; the trace goes to a gzip NDJSON file.
+The result goes back over a pipe as JSON; the trace goes to a gzip NDJSON file. A spec
+with ``op: "scenario"`` runs its steps through workers/scenario.py instead of one op.
 """
 
 from __future__ import annotations
 
 import gc
 import json
-import re
 import statistics
 import time
 import traceback
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -25,21 +26,31 @@ import torch
 import torch._dynamo
 import torch.profiler
 
-from workers import allocator, notes
-from workers.measure import Meter, PhaseRecord, fill_from_events
-from workers.ops import OPS, Inputs, Op, OpContext, as_tuple, torch_dtype
-from workers.probe import driver_version, host_info
-from workers.tracer import Trace, make_tracer, write_events
+from workers import allocator, notes, scenario, sections
+from workers.errors import OpFailure, call, classify, error, oom_details
+from workers.measure import Meter, fill_from_events
+from workers.ops import Inputs, Op, OpContext, as_tuple, op_for, torch_dtype
+from workers.placement import CopyWatcher, placement
+from workers.result import build_result
+from workers.tracer import Tracer, make_tracer, write_events
 
-_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+# Failures whose figures are results worth keeping (the others carry only the error).
+_KEEP_RESULT = ("oom", "device_mismatch", "autograd_error")
 
 
-class OpFailure(Exception):
-    """An exception that PyTorch raised inside an op's set-up or run (not a vramlab bug)."""
+@dataclass
+class Body:
+    """What running the op (or the scenario) left: tensors, timing, error, details."""
 
-    def __init__(self, cause: BaseException) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
+    inputs: Inputs = field(default_factory=dict)
+    outputs: tuple[torch.Tensor, ...] = ()
+    timing: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+    watched: dict[str, Any] | None = None
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    ctx: OpContext | None = None
+    held: Any = None  # a scenario's named tensors, alive until the figures are read
 
 
 def main(spec: dict[str, Any], conn: Connection, trace_path: str | None, t0_ns: int) -> None:
@@ -53,7 +64,7 @@ def main(spec: dict[str, Any], conn: Connection, trace_path: str | None, t0_ns: 
             "status": "failed",
             "result": None,
             "trace_events": 0,
-            "error": _error(
+            "error": error(
                 "internal",
                 exc,
                 "a bug in vramlab's worker; please report it",
@@ -66,14 +77,10 @@ def main(spec: dict[str, Any], conn: Connection, trace_path: str | None, t0_ns: 
 
 def run_experiment(spec: dict[str, Any], trace_path: Path | None, t0_ns: int) -> dict[str, Any]:
     alloc_conf = apply_allocator(spec.get("allocator") or {})
-    op = OPS[spec["op"]]
     device = torch.device(spec["device"])
-    ctx = OpContext(
-        tuple(spec["shape"]), torch_dtype(spec["dtype"]), device, spec.get("params") or {}
-    )
     rss_before_init = psutil.Process().memory_info().rss
     try:
-        _call(init_device, device)
+        call(init_device, device)
     except OpFailure as failure:
         return {
             "status": "failed",
@@ -81,44 +88,96 @@ def run_experiment(spec: dict[str, Any], trace_path: Path | None, t0_ns: int) ->
             "trace_events": 0,
             "error": classify(failure.cause, spec),
         }
-
     rss_after_init = psutil.Process().memory_info().rss
     init_rss = (rss_before_init, rss_after_init) if device.type == "cuda" else None
     meter = Meter(device)
-    tracer = make_tracer(str(device), spec.get("trace", "events"), t0_ns)
+    tracer = make_tracer(
+        str(device), spec.get("trace", "events"), t0_ns, allocator.backend_of(alloc_conf)
+    )
     tracer.start()
-    inputs: Inputs = {}
-    outputs: tuple[torch.Tensor, ...] = ()
-    timing: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
-    try:
-        with meter.phase("setup", tracer.phase("setup")):
-            inputs = _call(op.setup, ctx)
-        with meter.phase("op", tracer.phase("op")):
-            outputs, timing = run_op(op, inputs, ctx, spec, meter)
-        with meter.phase("after", tracer.phase("after")):
-            gc.collect()  # what stays now is what the outputs (and inputs) hold
-    except OpFailure as failure:
-        error = classify(failure.cause, spec)
+    is_scenario = spec["op"] == "scenario"
+    if is_scenario:
+        body = Body()
+        body.steps, body.error, body.watched, body.held = scenario.execute(
+            spec, device, meter, tracer
+        )
+    else:
+        body = execute_op(spec, device, meter, tracer)
     trace = tracer.stop()
     if device.type == "cpu":
         fill_from_events(meter.phases, trace.events, "cpu")
+        sections.fill_cpu(trace.sections, trace.events)
 
-    result = build_result(spec, meter.phases, inputs, outputs, timing, trace, alloc_conf)
-    if error is not None and error["type"] == "oom":
-        error["details"].update(_oom_details(error["message"], meter.phases))
-    result["notes"] = notes.write(spec, result, trace.events, error, init_rss)
+    if is_scenario:
+        result = scenario.build_result(spec, meter.phases, body.steps, trace, alloc_conf)
+    else:
+        result = build_result(
+            spec, meter.phases, body.inputs, body.outputs, body.timing, trace, alloc_conf
+        )
+        if body.error is None and op_for(spec["op"], spec.get("params") or {}).probe:
+            body.watched = _watch_once(spec, body, device)
+        names = [o["name"] for o in result["outputs"]]
+        result["placement"] = placement(
+            body.inputs, list(zip(names, body.outputs, strict=True)), body.extras, body.watched
+        )
+    if is_scenario:
+        result["placement"] = body.watched
+    details = {**body.extras}
+    if sections.records():
+        details["sections"] = sections.records()
+    if details:
+        result["details"] = details
+    err = body.error
+    if err is not None and err["type"] == "oom":
+        err["details"].update(oom_details(err["message"], meter.phases))
+    result["notes"] = notes.write(spec, result, trace.events, err, init_rss)
     count = 0
     if spec.get("trace", "events") == "none":
         # The CPU profiler ran for the figures, but nothing was asked to be kept.
         result["trace"] = {"source": "none", "events": 0, "truncated": False}
     elif trace_path is not None:
         count = write_events(trace_path, trace.events)
-    if error is not None:
-        # An OOM's figures are worth keeping; other failures' are not results.
-        kept = result if error["type"] == "oom" else None
-        return {"status": "failed", "result": kept, "error": error, "trace_events": count}
+    if err is not None:
+        kept = result if err["type"] in _KEEP_RESULT or is_scenario else None
+        return {"status": "failed", "result": kept, "error": err, "trace_events": count}
     return {"status": "succeeded", "result": result, "error": None, "trace_events": count}
+
+
+def execute_op(spec: dict[str, Any], device: torch.device, meter: Meter, tracer: Tracer) -> Body:
+    params = spec.get("params") or {}
+    op = op_for(spec["op"], params)
+    ctx = OpContext(tuple(spec["shape"]), torch_dtype(spec["dtype"]), device, params)
+    body = Body(extras=ctx.extras, ctx=ctx)
+    try:
+        with meter.phase("setup", tracer.phase("setup")):
+            body.inputs = call(op.setup, ctx)
+        with meter.phase("op", tracer.phase("op")):
+            body.outputs, body.timing = run_op(op, body.inputs, ctx, spec, meter)
+        with meter.phase("after", tracer.phase("after")):
+            gc.collect()  # what stays now is what the outputs (and inputs) hold
+    except OpFailure as failure:
+        body.error = classify(failure.cause, spec, ctx.extras)
+    return body
+
+
+def _watch_once(spec: dict[str, Any], body: Body, device: torch.device) -> dict[str, Any] | None:
+    """Run the op once more under the copy watcher; None if that run fails."""
+    ctx = body.ctx
+    if ctx is None:
+        return None
+    op = op_for(spec["op"], spec.get("params") or {})
+    watcher = CopyWatcher(device)
+    measured = sections.records()  # this extra run must not replace the measured sections
+    try:
+        with watcher:
+            op.run(body.inputs, ctx)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    except Exception:
+        return None
+    finally:
+        sections.restore(measured)
+    return watcher.report()
 
 
 def apply_allocator(settings: dict[str, Any]) -> str:
@@ -149,7 +208,7 @@ def run_op(
     outputs: tuple[torch.Tensor, ...] = ()
     for _ in range(warmup):
         outputs = ()  # drop the last output first: the peak shows one call's needs
-        outputs = as_tuple(_call(op.run, inputs, ctx))
+        outputs = as_tuple(call(op.run, inputs, ctx))
     meter.sync()
     times: list[float] = []
     use_events = ctx.device.type == "cuda"
@@ -158,13 +217,13 @@ def run_op(
         if use_events:
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record()
-            outputs = as_tuple(_call(op.run, inputs, ctx))
+            outputs = as_tuple(call(op.run, inputs, ctx))
             end.record()
             end.synchronize()
             times.append(begin.elapsed_time(end) / 1000)
         else:
             started = time.perf_counter()
-            outputs = as_tuple(_call(op.run, inputs, ctx))
+            outputs = as_tuple(call(op.run, inputs, ctx))
             times.append(time.perf_counter() - started)
     timing: dict[str, Any] = {
         "method": "cuda_events" if use_events else "perf_counter",
@@ -178,145 +237,3 @@ def run_op(
     if op.bytes_moved is not None and timing["median_s"]:
         timing["bytes_per_s"] = op.bytes_moved(inputs, ctx) / timing["median_s"]
     return outputs, timing
-
-
-def build_result(
-    spec: dict[str, Any],
-    phases: list[PhaseRecord],
-    inputs: Inputs,
-    outputs: tuple[torch.Tensor, ...],
-    timing: dict[str, Any] | None,
-    trace: Trace,
-    alloc_conf: str,
-) -> dict[str, Any]:
-    by_name = {p.name: p for p in phases}
-    # "before"/"after" bound the op phase; an OOM leaves the last phase reached instead.
-    op = by_name.get("op") or (phases[-1] if phases else PhaseRecord("op"))
-    before, after = op.start, op.end
-    memory = {
-        "allocated_before": before.allocated,
-        "allocated_after": after.allocated,
-        "allocated_peak": op.allocated_peak,
-        "reserved_before": before.reserved,
-        "reserved_after": after.reserved,
-        "reserved_peak": op.reserved_peak,
-        "delta_allocated": (
-            after.allocated - before.allocated
-            if after.allocated is not None and before.allocated is not None
-            else None
-        ),
-        "host_rss_before": before.host_rss,
-        "host_rss_after": after.host_rss,
-        "device_used_before": before.device_used,
-        "device_used_after": after.device_used,
-    }
-    input_ptrs = {t.untyped_storage().data_ptr() for t in inputs.values()}
-    names = [o["name"] for o in (spec.get("prediction") or {}).get("outputs", [])]
-    out_names = names if len(names) == len(outputs) else [f"out{i}" for i in range(len(outputs))]
-    return {
-        "memory": memory,
-        "phases": [p.as_dict() for p in phases],
-        "timing": timing,
-        "environment": environment(spec["device"], alloc_conf),
-        "prediction": spec.get("prediction"),
-        "inputs": [_describe(n, t, set()) for n, t in inputs.items()],
-        "outputs": [_describe(n, t, input_ptrs) for n, t in zip(out_names, outputs, strict=True)],
-        "notes": [],
-        "trace": {
-            "source": trace.source,
-            "events": len(trace.events),
-            "truncated": trace.truncated,
-        },
-    }
-
-
-def environment(device: str, alloc_conf: str) -> dict[str, Any]:
-    env = host_info()
-    gpu_name, gpu_total = None, None
-    if device.startswith("cuda"):
-        props = torch.cuda.get_device_properties(torch.device(device))
-        gpu_name, gpu_total = props.name, int(props.total_memory)
-    # No nvidia-smi here: a subprocess per experiment is slow; the runner fills it in.
-    driver = driver_version(allow_subprocess=False) if device.startswith("cuda") else None
-    return {
-        **env,
-        "gpu_name": gpu_name,
-        "gpu_total_memory": gpu_total,
-        "driver": driver,
-        "allocator_conf": alloc_conf,
-        "device": device,
-    }
-
-
-def classify(exc: BaseException, spec: dict[str, Any]) -> dict[str, Any]:
-    """Turn an exception raised by PyTorch in an op into one of our error types."""
-    message = str(exc)
-    if isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in message:
-        return _error(
-            "oom",
-            exc,
-            "use a smaller shape or dtype, or free memory on the device",
-            {"exception": type(exc).__name__},
-        )
-    if isinstance(
-        exc, RuntimeError | NotImplementedError | TypeError | ValueError | AssertionError
-    ):
-        hint = (
-            f"op {spec['op']!r} with dtype {spec['dtype']!r} is not supported on "
-            f"{spec['device']!r} by this PyTorch build; the message is PyTorch's own"
-        )
-        return _error("unsupported_on_device", exc, hint, {"exception": type(exc).__name__})
-    return _error(
-        "internal",
-        exc,
-        "a bug in vramlab's worker; please report it",
-        {"exception": type(exc).__name__, "traceback": traceback.format_exc()},
-    )
-
-
-def _call(fn: Any, *args: Any) -> Any:
-    try:
-        return fn(*args)
-    except Exception as exc:
-        raise OpFailure(exc) from exc
-
-
-def _error(
-    kind: str, exc: BaseException, hint: str | None, details: dict[str, Any]
-) -> dict[str, Any]:
-    return {
-        "type": kind,
-        "message": str(exc) or type(exc).__name__,
-        "hint": hint,
-        "details": details,
-    }
-
-
-def _describe(name: str, t: torch.Tensor, input_ptrs: set[int]) -> dict[str, Any]:
-    ptr = t.untyped_storage().data_ptr()
-    return {
-        "name": name,
-        "shape": list(t.shape),
-        "dtype": str(t.dtype).removeprefix("torch."),
-        "device": str(t.device),
-        "bytes": t.nbytes,
-        # Same storage as an input: a view or the input itself (Tensor.to with no change).
-        "is_view_of_input": ptr != 0 and ptr in input_ptrs,
-    }
-
-
-def _oom_details(message: str, phases: list[PhaseRecord]) -> dict[str, Any]:
-    details: dict[str, Any] = {"requested_bytes": None, "requested_is_approximate": False}
-    exact = re.search(r"tried to allocate (\d+) bytes", message)
-    rounded = re.search(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)", message)
-    if exact:
-        details["requested_bytes"] = int(exact.group(1))
-    elif rounded:
-        # The CUDA message rounds to two decimals of its unit.
-        details["requested_bytes"] = int(float(rounded.group(1)) * _UNITS[rounded.group(2)])
-        details["requested_is_approximate"] = True
-    last = phases[-1] if phases else None
-    details["allocated_bytes"] = last.end.allocated if last else None
-    details["reserved_bytes"] = last.end.reserved if last else None
-    details["phase"] = last.name if last else None
-    return details

@@ -18,6 +18,7 @@ from typing import Any
 import psutil
 import torch
 
+from workers import sections
 from workers.tracer import Event
 
 
@@ -31,6 +32,7 @@ class Reading:
     ooms: int | None = None
     host_rss: int = 0
     device_used: int | None = None
+    pinned_host: int | None = None
 
 
 @dataclass
@@ -59,6 +61,8 @@ class PhaseRecord:
             "host_rss_end": self.end.host_rss,
             "device_used_start": self.start.device_used,
             "device_used_end": self.end.device_used,
+            "pinned_host_start": self.start.pinned_host,
+            "pinned_host_end": self.end.pinned_host,
             "wall_s": self.wall_s,
         }
 
@@ -89,6 +93,10 @@ class Meter:
             reading.ooms = int(stats.get("num_ooms", 0))
             # Device-level: sees the CUDA context and other processes, not only ours.
             reading.device_used = int(total - free)
+        if torch.cuda.is_initialized():
+            # PyTorch's pinned host allocator (pin_memory=True, pinned staging): its bytes.
+            host = torch.cuda.host_memory_stats()
+            reading.pinned_host = int(host.get("allocated_bytes.current", 0))
         return reading
 
     def phase(
@@ -105,6 +113,7 @@ class Meter:
         self.sync()
         if self.is_cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
+        sections.reset_carry()
         record.start = self.read()
         started = time.perf_counter()
         try:
@@ -122,8 +131,14 @@ class Meter:
         """Read a phase's end figures (also when it ended in an error, such as an OOM)."""
         record.end = self.read()
         if self.is_cuda:
-            record.allocated_peak = int(torch.cuda.max_memory_allocated(self.device))
-            record.reserved_peak = int(torch.cuda.max_memory_reserved(self.device))
+            # A section inside the phase reset the counters: take the peak it carried too.
+            carried_alloc, carried_reserved = sections.carried()
+            record.allocated_peak = max(
+                int(torch.cuda.max_memory_allocated(self.device)), carried_alloc
+            )
+            record.reserved_peak = max(
+                int(torch.cuda.max_memory_reserved(self.device)), carried_reserved
+            )
 
 
 def fill_from_events(phases: list[PhaseRecord], events: list[Event], device: str) -> None:

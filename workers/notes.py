@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from workers import explain
 from workers.tracer import Event
 
 MiB = 2**20
@@ -26,7 +27,8 @@ def write(
     pred = spec.get("prediction") or {}
     notes: list[str] = []
     if error is not None:
-        phase = result["phases"][-1]["name"] if result["phases"] else "start"
+        phases = result["phases"] or result.get("steps") or []
+        phase = phases[-1]["name"] if phases else "start"
         notes.append(
             f"The experiment failed ({error['type']}) in phase {phase}; the figures "
             f"are those at that moment."
@@ -40,9 +42,16 @@ def write(
                 f"{mem['allocated_after'] or 0:,} allocated and "
                 f"{mem['reserved_after'] or 0:,} reserved."
             )
+        notes += explain.extra(spec, result, error)
+        if spec["op"] == "scenario":
+            notes += explain.scenario(result, cuda)
         return notes + (_context_notes(mem, init_rss) if cuda else [])
-    notes += _prediction_notes(spec, result, events, pred, cuda)
+    if spec["op"] == "scenario":
+        notes += explain.scenario(result, cuda)
+    else:
+        notes += _prediction_notes(spec, result, events, pred, cuda)
     notes += _pool_notes(spec, mem, cuda)
+    notes += explain.extra(spec, result, error)
     notes += _transfer_notes(spec, result)
     if cuda:
         notes += _context_notes(mem, init_rss)
@@ -99,10 +108,14 @@ def _prediction_notes(
                 f"follows CUBLAS_WORKSPACE_CONFIG and the GPU).{seen}"
             )
         else:
+            why = (
+                "what autograd saved for backward, kept alive by the output's graph"
+                if (result.get("details") or {}).get("categories", {}).get("activations_saved")
+                else "a library workspace, a cache, or state the op keeps (see details)"
+            )
             notes.append(
                 f"delta_allocated is {delta:,} bytes, {extra:,} more than predicted: "
-                f"memory the op kept beyond its outputs (a library workspace or "
-                f"cache).{seen}"
+                f"memory the op kept beyond its outputs ({why}).{seen}"
             )
     else:
         notes.append(

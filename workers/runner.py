@@ -29,6 +29,7 @@ from multiprocessing.context import (
 from pathlib import Path
 from typing import Any, Literal
 
+from app.catalog.devices import canonical_device
 from workers import allocator
 
 PRELOAD = ["torch", "workers.child"]
@@ -55,8 +56,10 @@ def _never() -> bool:
 def _needs_cuda(spec: dict[str, Any]) -> bool:
     """Whether any tensor of the spec lives on a GPU, or needs one (pinned host memory)."""
     params = spec.get("params") or {}
-    devices = (str(spec["device"]), str(params.get("source_device") or "cpu"))
-    return bool(params.get("pin_memory")) or any(d.startswith("cuda") for d in devices)
+    # The catalog's plan names every device (other operands, pinned memory, steps).
+    planned = (spec.get("prediction") or {}).get("devices") or []
+    devices = (str(spec["device"]), str(params.get("source_device") or "cpu"), *planned)
+    return bool(params.get("pin_memory")) or any(str(d).startswith("cuda") for d in devices)
 
 
 def _child_entry(kind: str, conn: Connection, args: tuple[Any, ...]) -> None:
@@ -128,6 +131,8 @@ class Runner:
         should_cancel: Callable[[], bool] = _never,
         work_dir: Path | None = None,
     ) -> Outcome:
+        # The API sends canonical devices ("cuda:0"); a caller may write "cuda".
+        spec = {**spec, "device": canonical_device(str(spec["device"]))}
         if self.device == "cpu" and _needs_cuda(spec):
             return Outcome(
                 "failed",

@@ -29,6 +29,7 @@ PHASES = ("setup", "op", "after")
 MAX_ENTRIES = 1_000_000
 MAX_FRAMES = 64
 _RANGE_PREFIX = "vramlab::phase::"
+SECTION_PREFIX = "vramlab::section::"
 # CUDA history names the completion of a free "free_completed"; ours is "free".
 _CUDA_ACTIONS = {"free_completed": "free"}
 _PY_FRAME = re.compile(r"^(?P<file>.*)\((?P<line>\d+)\): (?P<name>.*)$")
@@ -42,6 +43,8 @@ class Trace:
     source: str  # "cuda_memory_history" | "cpu_profiler" | "none"
     events: list[Event] = field(default_factory=list)
     truncated: bool = False
+    # CPU sections inside the op (workers/sections.py): (name, start_us, end_us).
+    sections: list[tuple[str, float, float]] = field(default_factory=list)
 
 
 class Tracer(Protocol):
@@ -168,6 +171,7 @@ class CpuProfilerTracer:
             )
         events: list[Event] = []
         marks: list[tuple[str, int]] = []
+        ranges: list[tuple[str, float, float]] = []
         alloc_tag = torch._C._profiler._EventType.Allocation
         for node in _walk(results.experimental_event_tree()):
             if node.tag == alloc_tag:
@@ -176,8 +180,17 @@ class CpuProfilerTracer:
                 name = _safe_name(node)
                 if name.startswith(_RANGE_PREFIX):
                     marks.append((name[len(_RANGE_PREFIX) :], node.start_time_ns))
+                elif name.startswith(SECTION_PREFIX):
+                    ranges.append(
+                        (
+                            name,
+                            (node.start_time_ns - self._t0_ns) / 1000,
+                            (node.end_time_ns - self._t0_ns) / 1000,
+                        )
+                    )
         events += [_mark(name, (t - self._t0_ns) / 1000, "cpu") for name, t in marks]
-        return Trace(self.source, _finish(events, marks, self._t0_ns))
+        ranges.sort(key=lambda r: r[1])
+        return Trace(self.source, _finish(events, marks, self._t0_ns), sections=ranges)
 
     def _event(self, node: Any) -> Event:
         fields = node.extra_fields
@@ -195,11 +208,12 @@ class CpuProfilerTracer:
         return event
 
 
-def make_tracer(device: str, trace: str, t0_ns: int) -> Tracer:
+def make_tracer(device: str, trace: str, t0_ns: int, backend: str = "native") -> Tracer:
     """The tracer for a spec. The CPU always profiles: its figures come from the events."""
     stacks = trace == "stacks"
     if device.startswith("cuda"):
-        if trace == "none":
+        # cudaMallocAsync keeps no allocation history: the figures come from counters.
+        if trace == "none" or backend == "cudaMallocAsync":
             return NullTracer()
         return CudaHistoryTracer(int(device.partition(":")[2] or 0), t0_ns, stacks)
     return CpuProfilerTracer(t0_ns, stacks)

@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 from app.catalog.devices import canonical_device, parse_device
-from app.catalog.dtypes import DTYPES, itemsize
+from app.catalog.dtypes import COMPLEX_DTYPES, DTYPES, FLOATING_DTYPES, itemsize
 from app.catalog.rounding import rounded_block_bytes
 
 MAX_DIMS = 8
 MAX_DIM_SIZE = 2**31 - 1
+
+# Dtypes autograd can differentiate (float8 cannot).
+GRAD_DTYPES = tuple(d for d in (*FLOATING_DTYPES, *COMPLEX_DTYPES) if not d.startswith("float8"))
 
 ParamKind = Literal["int", "float", "bool", "shape", "dtype", "device", "choice"]
 
@@ -153,6 +156,22 @@ class TensorPlan:
     outputs: tuple[TensorSpec, ...]
     # Devices the op needs beyond those its tensors name (pinned host memory needs CUDA).
     extra_devices: tuple[str, ...] = ()
+    # What the prediction leaves out (a workspace, saved activations): said, not hidden.
+    caveats: tuple[str, ...] = ()
+
+    @property
+    def exact(self) -> bool:
+        return not self.caveats
+
+    def with_grads(self) -> TensorPlan:
+        """The plan with autograd on: each floating input gets a .grad of its own shape."""
+        grads = tuple(
+            TensorSpec(f"grad_{t.name}", t.shape, t.dtype, t.device)
+            for t in self.inputs
+            if t.dtype in GRAD_DTYPES
+        )
+        caveat = "what autograd saves for backward, and backward's temporaries, are measured"
+        return replace(self, outputs=(*self.outputs, *grads), caveats=(*self.caveats, caveat))
 
     @property
     def devices(self) -> tuple[str, ...]:
@@ -178,6 +197,9 @@ class TensorPlan:
             "inputs": [t.as_dict() for t in self.inputs],
             "outputs": [t.as_dict() for t in self.outputs],
             "rounding": "CUDA blocks rounded up to 512 bytes" if device != "cpu" else "none",
+            "devices": list(self.devices),
+            "exact": self.exact,
+            "caveats": list(self.caveats),
         }
 
 
@@ -219,7 +241,8 @@ class OpEntry:
         kind = parse_device(device)[0]
         if kind not in self.devices:
             raise CatalogError("device", f"op {self.name!r} runs on: {', '.join(self.devices)}")
-        return self.plan_fn(shape, params, dtype, device)
+        plan = self.plan_fn(shape, params, dtype, device)
+        return plan.with_grads() if params.get("requires_grad") else plan
 
     def describe(self) -> dict[str, Any]:
         return {

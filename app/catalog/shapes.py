@@ -38,3 +38,46 @@ def matmul_shape(a: tuple[int, ...], b: tuple[int, ...], field: str) -> tuple[in
     if len(b) == 1:
         out = out[:-1]
     return out
+
+
+def norm_dim(dim: int, ndim: int, field: str) -> int:
+    """A dim index as PyTorch reads it (negative counts from the end), checked."""
+    if not -max(ndim, 1) <= dim < max(ndim, 1):
+        raise CatalogError(field, f"dim {dim} is out of range for a {ndim}-D tensor")
+    return dim % max(ndim, 1)
+
+
+def conv2d_shape(
+    shape: tuple[int, ...], out_channels: int, kernel: int, stride: int, padding: int, groups: int
+) -> tuple[int, ...]:
+    if len(shape) != 4:
+        raise CatalogError("shape", "conv2d takes [N, C, H, W]")
+    n, c, h, w = shape
+    if c % groups or out_channels % groups:
+        raise CatalogError(
+            "params.groups", f"in channels {c} and out_channels {out_channels} must divide by it"
+        )
+    oh, ow = ((d + 2 * padding - kernel) // stride + 1 for d in (h, w))
+    if oh < 1 or ow < 1:
+        raise CatalogError("params.kernel_size", f"kernel {kernel} is larger than the input")
+    return (n, out_channels, oh, ow)
+
+
+def einsum_shape(equation: str, operands: list[tuple[int, ...]], field: str) -> tuple[int, ...]:
+    """The output shape of ``torch.einsum(equation, *operands)`` for explicit equations."""
+    lhs, _, rhs = equation.partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(operands):
+        raise CatalogError(field, f"{equation!r} takes {len(terms)} operand(s)")
+    sizes: dict[str, int] = {}
+    for term, shape in zip(terms, operands, strict=True):
+        if len(term) != len(shape):
+            raise CatalogError(
+                field, f"term {term!r} needs a {len(term)}-D operand, not {list(shape)}"
+            )
+        for letter, size in zip(term, shape, strict=True):
+            if sizes.setdefault(letter, size) != size:
+                raise CatalogError(
+                    field, f"index {letter!r} is {sizes[letter]} in one place and {size} in another"
+                )
+    return tuple(sizes[letter] for letter in rhs)

@@ -59,7 +59,9 @@ class ExperimentSpec(BaseModel):
     )
 
     op: str = Field(max_length=64, description="an op from GET /v1/catalog")
-    shape: list[Dim] = Field(max_length=8, description="the main tensor's shape")
+    shape: list[Dim] = Field(
+        default_factory=list, max_length=8, description="the main tensor's shape; [] for a scenario"
+    )
     params: dict[str, Any] = Field(default_factory=dict, description="the op's parameters")
     dtype: str = Field(default="float32", max_length=32)
     device: str = Field(default="cuda", max_length=16, description="'cpu', 'cuda' or 'cuda:N'")
@@ -71,3 +73,9 @@ class ExperimentSpec(BaseModel):
     tags: list[Tag] = Field(default_factory=list, max_length=32)
     priority: int = Field(default=0, ge=-100, le=100)
     requirements: Requirements = Field(default_factory=Requirements)
+    steps: list[dict[str, Any]] | None = Field(
+        default=None,
+        max_length=64,
+        description="with op 'scenario': named-tensor steps (create, op, move, pin, delete, "
+        "empty_cache, synchronize, repeat), validated as data; see docs/catalog.md",
+    )

@@ -5,6 +5,7 @@ from typing import Any
 
 from app.catalog import CatalogError, get_op, parse_device, plan_spec
 from app.catalog.dtypes import DTYPES
+from app.catalog.scenario import SCENARIO, plan_scenario
 from app.core.config import Settings
 from app.errors import InvalidSpec
 from app.schemas.spec import ExperimentSpec
@@ -28,6 +29,28 @@ def _human(n: int) -> str:
     raise AssertionError
 
 
+@dataclass(frozen=True)
+class _Planned:
+    params: dict[str, Any]
+    total_bytes: int
+    devices: tuple[str, ...]
+    prediction: dict[str, Any]
+
+
+def _plan(spec: ExperimentSpec, device: str) -> _Planned:
+    """One op's plan, or a scenario's from its steps (``op: "scenario"``)."""
+    if spec.op == SCENARIO.name:
+        if spec.steps is None:
+            raise CatalogError("steps", "a scenario needs steps")
+        params = SCENARIO.check_params(spec.params)
+        scenario = plan_scenario(spec.steps, spec.dtype, device)
+        return _Planned(params, scenario.total_bytes, scenario.devices, scenario.prediction)
+    if spec.steps is not None:
+        raise CatalogError("steps", f"only op 'scenario' takes steps, not {spec.op!r}")
+    params, plan = plan_spec(spec.op, tuple(spec.shape), spec.params, spec.dtype, device)
+    return _Planned(params, plan.total_bytes, plan.devices, plan.prediction(device))
+
+
 def accept(spec: ExperimentSpec, settings: Settings) -> AcceptedSpec:
     """Check a spec against the catalog and the limits; raise InvalidSpec naming the field."""
     try:
@@ -43,7 +66,7 @@ def accept(spec: ExperimentSpec, settings: Settings) -> AcceptedSpec:
         except ValueError as exc:
             raise CatalogError("device", str(exc)) from exc
         device = "cpu" if kind == "cpu" else f"cuda:{index}"
-        params, plan = plan_spec(spec.op, tuple(spec.shape), spec.params, spec.dtype, device)
+        plan = _plan(spec, device)
     except CatalogError as exc:
         raise InvalidSpec(exc.field, exc.message) from None
 
@@ -53,16 +76,16 @@ def accept(spec: ExperimentSpec, settings: Settings) -> AcceptedSpec:
         raise InvalidSpec("timeout_s", f"must be <= {settings.max_timeout_s:g}")
     if plan.total_bytes > settings.max_experiment_bytes:
         raise InvalidSpec(
-            "shape",
-            f"the op's tensors would take {_human(plan.total_bytes)}; this service allows at most "
+            "steps" if spec.steps is not None else "shape",
+            f"the tensors would take {_human(plan.total_bytes)}; this service allows at most "
             f"{_human(settings.max_experiment_bytes)} (VRAMLAB_MAX_EXPERIMENT_BYTES)",
         )
     cuda_indexes = [parse_device(d)[1] for d in plan.devices if d.startswith("cuda")]
-    accepted = spec.model_copy(update={"params": params, "device": device})
+    accepted = spec.model_copy(update={"params": plan.params, "device": device})
     return AcceptedSpec(
         spec=accepted,
         device_type="cuda" if cuda_indexes else "cpu",
         gpus_needed=max(cuda_indexes) + 1 if cuda_indexes else 0,
         predicted_bytes=plan.total_bytes,
-        prediction=plan.prediction(device),
+        prediction=plan.prediction,
     )

@@ -10,7 +10,8 @@ def test_submit_queues_and_reads_back(client: httpx.Client) -> None:
     exp = submit(client, MATMUL, tags=["demo"])
     assert exp["status"] == "queued"
     assert exp["spec"]["device"] == "cuda:0"
-    assert exp["spec"]["params"] == {"other_shape": [2000, 500]}
+    # Params come back complete: the catalog fills defaults (requires_grad: False).
+    assert exp["spec"]["params"] == {"other_shape": [2000, 500], "requires_grad": False}
     assert exp["attempts"] == 0
     # 1000x500 float32 output, rounded up to the allocator's 512-byte blocks.
     assert exp["prediction"]["delta_allocated"] == 2_000_384

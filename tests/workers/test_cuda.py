@@ -78,7 +78,9 @@ def test_to_cuda_reports_host_memory_and_bandwidth(
     assert result["memory"]["delta_allocated"] == spec["prediction"]["delta_allocated"]
     assert result["memory"]["host_rss_after"] > 0
     assert result["timing"]["bytes_per_s"] > 0
-    assert any("pinned" in note for note in result["notes"]) is pinned
+    assert any("page-locked (pinned)" in note for note in result["notes"]) is pinned
+    # Checking whether the source is pinned is no work left on the CPU.
+    assert not any("Work ran on the CPU" in note for note in result["notes"]), result["notes"]
 
 
 def test_allocator_settings_reach_the_child(runner: Runner, make_spec: SpecFactory) -> None:

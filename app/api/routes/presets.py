@@ -1,0 +1,41 @@
+"""Presets: named experiment specs for the classic questions, and queuing one."""
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Path
+
+from app.api.deps import NowDep, SessionDep, SettingsDep, SignalDep, require
+from app.errors import ERROR_RESPONSES
+from app.schemas.experiment import ExperimentOut
+from app.schemas.preset import PresetOut, PresetRun
+from app.services import experiments, presets
+from app.services.auth import Principal
+
+router = APIRouter(prefix="/v1/presets", tags=["presets"], responses=ERROR_RESPONSES)
+
+
+@router.get(
+    "",
+    response_model=list[PresetOut],
+    summary="Named experiments, each with the question it answers and its article",
+    dependencies=[require("read")],
+)
+def list_presets() -> list[PresetOut]:
+    return presets.listing()
+
+
+@router.post(
+    "/{name}/runs", status_code=202, response_model=ExperimentOut, summary="Queue a preset"
+)
+def run_preset(
+    name: Annotated[str, Path(max_length=64)],
+    s: SessionDep,
+    settings: SettingsDep,
+    signal: SignalDep,
+    now: NowDep,
+    who: Annotated[Principal, require("submit")],
+    run: Annotated[PresetRun | None, Body()] = None,
+) -> ExperimentOut:
+    exp = presets.queue(s, name, run or PresetRun(), settings, signal, now, who.id)
+    s.flush()
+    return experiments.to_out(exp, experiments.queue_info(s, exp, settings, now))

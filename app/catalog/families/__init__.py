@@ -1,0 +1,1 @@
+"""Catalog entries by family: one module per kind of op, each exporting ``ENTRIES``."""

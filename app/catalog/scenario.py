@@ -1,0 +1,388 @@
+"""Scenarios: a list of named-tensor steps, validated as data and planned without torch.
+
+A spec with ``op: "scenario"`` carries ``steps`` instead of one op's shape and params.
+Each step is a dict with ``do`` (create, op, move, pin, delete, empty_cache, synchronize,
+repeat) and its fields; names refer to tensors earlier steps made. Nothing is evaluated:
+every function a step names comes from the fixed tables below. The plan predicts the
+bytes the named tensors hold after each top-level step.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.catalog.devices import canonical_device
+from app.catalog.dtypes import DTYPES
+from app.catalog.model import CatalogError, OpEntry, Param, TensorPlan, TensorSpec, check_shape
+from app.catalog.rounding import rounded_block_bytes
+from app.catalog.shapes import broadcast, matmul_shape, norm_dim
+
+MAX_TOP_STEPS = 64
+MAX_EXECUTED_STEPS = 20_000
+MAX_REPEAT_DEPTH = 2
+MAX_LIST = 4096
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
+
+CREATE_FNS = ("empty", "zeros", "ones", "randn", "full")
+BINARY_FNS = ("add", "mul", "matmul")
+UNARY_FNS = ("relu", "exp", "sigmoid", "sum", "clone", "transpose_contiguous")
+INPLACE_FNS = ("add_", "mul_")
+VIEW_FNS = ("narrow",)
+OP_FNS = (*BINARY_FNS, *UNARY_FNS, *INPLACE_FNS, *VIEW_FNS)
+STEP_KINDS = ("create", "op", "move", "pin", "delete", "empty_cache", "synchronize", "repeat")
+_FIELDS: dict[str, set[str]] = {
+    "create": {"name", "fn", "shape", "dtype", "device", "count", "value", "pin_memory"},
+    "op": {"name", "fn", "args", "dim", "start", "length"},
+    "move": {"name", "src", "device", "dtype", "non_blocking"},
+    "pin": {"name", "src"},
+    "delete": {"name", "every"},
+    "empty_cache": set(),
+    "synchronize": set(),
+    "repeat": {"times", "steps"},
+}
+
+
+@dataclass
+class _Storage:
+    key: int
+    nbytes: int
+    device: str
+
+
+@dataclass
+class _Tensor:
+    spec: TensorSpec
+    storage: _Storage
+
+
+@dataclass
+class _State:
+    dtype: str
+    device: str
+    names: dict[str, list[_Tensor]] = field(default_factory=dict)
+    next_key: int = 0
+    executed: int = 0
+    peak: int = 0
+
+    def new(self, shape: tuple[int, ...], dtype: str, device: str) -> _Tensor:
+        self.next_key += 1
+        spec = TensorSpec("t", shape, dtype, device)
+        return _Tensor(spec, _Storage(self.next_key, spec.nbytes, device))
+
+    def live(self, device: str) -> int:
+        storages = {t.storage.key: t.storage for ts in self.names.values() for t in ts}
+        return sum(
+            rounded_block_bytes(s.nbytes, "cuda" if s.device != "cpu" else "cpu")
+            for s in storages.values()
+            if s.device == device
+        )
+
+
+def _get(step: Mapping[str, Any], key: str, where: str, kind: type, default: Any = None) -> Any:
+    value = step.get(key, default)
+    if value is None:
+        if default is None:
+            raise CatalogError(f"{where}.{key}", "is required")
+        return default
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise CatalogError(f"{where}.{key}", "must be an integer")
+    if kind is bool and not isinstance(value, bool):
+        raise CatalogError(f"{where}.{key}", "must be true or false")
+    if kind is str and not isinstance(value, str):
+        raise CatalogError(f"{where}.{key}", "must be a string")
+    if kind is float and (isinstance(value, bool) or not isinstance(value, int | float)):
+        raise CatalogError(f"{where}.{key}", "must be a number")
+    return value
+
+
+def _name(step: Mapping[str, Any], key: str, where: str) -> str:
+    name = _get(step, key, where, str)
+    if not _NAME.match(name):
+        raise CatalogError(f"{where}.{key}", "must be an identifier of at most 32 characters")
+    return str(name)
+
+
+def _one(state: _State, step: Mapping[str, Any], key: str, where: str, name: str) -> _Tensor:
+    if name not in state.names:
+        raise CatalogError(f"{where}.{key}", f"no tensor named {name!r} at this step")
+    values = state.names[name]
+    if len(values) != 1:
+        raise CatalogError(f"{where}.{key}", f"{name!r} is a list; only delete takes a list")
+    return values[0]
+
+
+def _device(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise CatalogError(where, "must be a device string")
+    try:
+        return canonical_device(value)
+    except ValueError as exc:
+        raise CatalogError(where, str(exc)) from None
+
+
+def _dtype(value: Any, where: str) -> str:
+    if value not in DTYPES:
+        raise CatalogError(where, f"unknown dtype {value!r}; allowed: {', '.join(DTYPES)}")
+    return str(value)
+
+
+def _create(state: _State, step: Mapping[str, Any], where: str) -> None:
+    fn = _get(step, "fn", where, str, "empty")
+    if fn not in CREATE_FNS:
+        raise CatalogError(f"{where}.fn", f"must be one of {', '.join(CREATE_FNS)}")
+    shape = check_shape(step.get("shape"), f"{where}.shape")
+    dtype = _dtype(step.get("dtype") or state.dtype, f"{where}.dtype")
+    device = _device(step.get("device") or state.device, f"{where}.device")
+    count = _get(step, "count", where, int, 1)
+    if not 1 <= count <= MAX_LIST:
+        raise CatalogError(f"{where}.count", f"must be between 1 and {MAX_LIST}")
+    if _get(step, "pin_memory", where, bool, False) and device != "cpu":
+        raise CatalogError(f"{where}.pin_memory", "only a tensor on the CPU can be pinned")
+    _get(step, "value", where, float, 0.0)
+    state.names[_name(step, "name", where)] = [
+        state.new(shape, dtype, device) for _ in range(count)
+    ]
+
+
+def _op(state: _State, step: Mapping[str, Any], where: str) -> None:
+    fn = _get(step, "fn", where, str)
+    if fn not in OP_FNS:
+        raise CatalogError(f"{where}.fn", f"must be one of {', '.join(OP_FNS)}")
+    args = step.get("args")
+    arity = 2 if fn in (*BINARY_FNS, *INPLACE_FNS) else 1
+    if (
+        not isinstance(args, list)
+        or len(args) != arity
+        or not all(isinstance(a, str) for a in args)
+    ):
+        raise CatalogError(f"{where}.args", f"{fn} takes {arity} tensor name(s)")
+    ts = [_one(state, step, "args", where, a) for a in args]
+    devices = {t.spec.device for t in ts}
+    if len(devices) > 1:
+        raise CatalogError(
+            f"{where}.args",
+            f"inputs on {' and '.join(sorted(devices))}: PyTorch refuses ops across devices "
+            f"(the mixed_device op shows its error)",
+        )
+    a = ts[0]
+    out_name = (
+        _name(step, "name", where) if fn not in INPLACE_FNS else str(step.get("name") or args[0])
+    )
+    if fn in INPLACE_FNS:
+        if broadcast(a.spec.shape, ts[1].spec.shape, f"{where}.args") != a.spec.shape:
+            raise CatalogError(f"{where}.args", "the second operand must broadcast to the first")
+        state.names[out_name] = [a]
+        return
+    if fn in BINARY_FNS:
+        f = broadcast if fn != "matmul" else matmul_shape
+        shape = f(a.spec.shape, ts[1].spec.shape, f"{where}.args")
+    elif fn == "sum":
+        shape = ()
+    elif fn == "transpose_contiguous":
+        if len(a.spec.shape) < 2:
+            raise CatalogError(f"{where}.args", "transpose needs at least 2 dims")
+        shape = (*a.spec.shape[:-2], a.spec.shape[-1], a.spec.shape[-2])
+    elif fn == "narrow":
+        d = norm_dim(_get(step, "dim", where, int, 0), len(a.spec.shape), f"{where}.dim")
+        start, length = _get(step, "start", where, int, 0), _get(step, "length", where, int, 1)
+        if start < 0 or length < 0 or start + length > a.spec.shape[d]:
+            raise CatalogError(f"{where}.length", "start + length must lie within the dim")
+        view_shape = tuple(length if i == d else n for i, n in enumerate(a.spec.shape))
+        # A view: same storage as its base, which it keeps alive.
+        state.names[out_name] = [
+            _Tensor(TensorSpec("t", view_shape, a.spec.dtype, a.spec.device), a.storage)
+        ]
+        return
+    else:
+        shape = a.spec.shape
+    dtype = a.spec.dtype
+    if fn == "sum" and dtype in ("bool", "uint8", "int8", "int16", "int32"):
+        dtype = "int64"
+    state.names[out_name] = [state.new(shape, dtype, a.spec.device)]
+
+
+def _move(state: _State, step: Mapping[str, Any], where: str) -> None:
+    src = _one(state, step, "src", where, _name(step, "src", where))
+    device = _device(step.get("device") or state.device, f"{where}.device")
+    dtype = _dtype(step.get("dtype") or src.spec.dtype, f"{where}.dtype")
+    _get(step, "non_blocking", where, bool, False)
+    same = device == src.spec.device and dtype == src.spec.dtype
+    moved = src if same else state.new(src.spec.shape, dtype, device)
+    state.names[_name(step, "name", where)] = [moved]
+
+
+def _pin(state: _State, step: Mapping[str, Any], where: str) -> None:
+    src = _one(state, step, "src", where, _name(step, "src", where))
+    if src.spec.device != "cpu":
+        raise CatalogError(f"{where}.src", "only a tensor on the CPU can be pinned")
+    state.names[_name(step, "name", where)] = [state.new(src.spec.shape, src.spec.dtype, "cpu")]
+
+
+def _delete(state: _State, step: Mapping[str, Any], where: str) -> None:
+    name = _name(step, "name", where)
+    if name not in state.names:
+        raise CatalogError(f"{where}.name", f"no tensor named {name!r} at this step")
+    every = step.get("every")
+    if every is None:
+        del state.names[name]
+        return
+    every = _get(step, "every", where, int)
+    if every < 1:
+        raise CatalogError(f"{where}.every", "must be >= 1")
+    # Delete elements 0, every, 2*every, ...: the rest stay, leaving holes between them.
+    state.names[name] = [t for i, t in enumerate(state.names[name]) if i % every]
+
+
+def _run(state: _State, steps: Any, where: str, depth: int) -> list[dict[str, Any]]:
+    if not isinstance(steps, list) or not steps:
+        raise CatalogError(where, "must be a non-empty list of steps")
+    if depth == 0 and len(steps) > MAX_TOP_STEPS:
+        raise CatalogError(where, f"at most {MAX_TOP_STEPS} top-level steps")
+    out: list[dict[str, Any]] = []
+    for i, step in enumerate(steps):
+        at = f"{where}[{i}]"
+        if not isinstance(step, dict):
+            raise CatalogError(at, "must be an object with a 'do' field")
+        kind = step.get("do")
+        if kind not in STEP_KINDS:
+            raise CatalogError(f"{at}.do", f"must be one of {', '.join(STEP_KINDS)}")
+        unknown = sorted(set(step) - _FIELDS[kind] - {"do", "label"})
+        if unknown:
+            raise CatalogError(
+                f"{at}.{unknown[0]}",
+                f"unknown field for {kind}; allowed: "
+                f"{', '.join(sorted(_FIELDS[kind] | {'label'})) or 'label'}",
+            )
+        label = step.get("label")
+        if label is not None and (not isinstance(label, str) or not 0 < len(label) <= 64):
+            raise CatalogError(f"{at}.label", "must be a string of 1 to 64 characters")
+        state.executed += 1
+        if state.executed > MAX_EXECUTED_STEPS:
+            raise CatalogError(where, f"runs more than {MAX_EXECUTED_STEPS} steps in all")
+        if kind == "repeat":
+            if depth + 1 > MAX_REPEAT_DEPTH:
+                raise CatalogError(at, f"repeat blocks nest at most {MAX_REPEAT_DEPTH} deep")
+            times = _get(step, "times", at, int)
+            if not 1 <= times <= MAX_EXECUTED_STEPS:
+                raise CatalogError(f"{at}.times", f"must be between 1 and {MAX_EXECUTED_STEPS}")
+            for _ in range(times):
+                _run(state, step.get("steps"), f"{at}.steps", depth + 1)
+        elif kind in ("create", "op", "move", "pin", "delete"):
+            {"create": _create, "op": _op, "move": _move, "pin": _pin, "delete": _delete}[kind](
+                state, step, at
+            )
+        live = state.live(state.device)
+        state.peak = max(state.peak, live)
+        if depth == 0:
+            out.append(
+                {
+                    "label": label or step_title(step),
+                    "allocated_after": live,
+                    "host_tensor_bytes": state.live("cpu") if state.device != "cpu" else None,
+                }
+            )
+    return out
+
+
+def step_title(step: Mapping[str, Any]) -> str:
+    """A short description of a step, used as its name when it has no label."""
+    kind = step.get("do")
+    if kind == "create":
+        count = f"[{step.get('count')}]" if step.get("count", 1) != 1 else ""
+        return f"create {step.get('name')}{count} = {step.get('fn', 'empty')}{step.get('shape')}"
+    if kind == "op":
+        return (
+            f"{step.get('name') or step['args'][0]} = {step.get('fn')}({', '.join(step['args'])})"
+        )
+    if kind == "move":
+        return f"{step.get('name')} = {step.get('src')}.to({step.get('device', '')})"
+    if kind == "pin":
+        return f"{step.get('name')} = {step.get('src')}.pin_memory()"
+    if kind == "delete":
+        every = f"[::{step['every']}]" if step.get("every") else ""
+        return f"del {step.get('name')}{every}"
+    if kind == "repeat":
+        return f"repeat x{step.get('times')} ({len(step.get('steps') or [])} steps)"
+    return str(kind)
+
+
+@dataclass(frozen=True)
+class ScenarioPlan:
+    steps: list[dict[str, Any]]  # the validated steps, as stored and sent to the worker
+    devices: tuple[str, ...]
+    peak_bytes: int  # the most the named tensors hold at once, on the scenario's device
+    total_bytes: int  # the most held on every device at once, for the service's cap
+    prediction: dict[str, Any]
+
+
+def plan_scenario(steps: Any, dtype: str, device: str) -> ScenarioPlan:
+    """Validate a scenario's steps and predict the named tensors' bytes after each step."""
+    device = canonical_device(device)
+    state = _State(dtype, device)
+    per_step = _run(state, steps, "steps", 0)
+    devices = {device} | _walk_creates(steps)
+    finals = state.live(device)
+    total = state.peak + sum(state.live(d) for d in devices if d != device)
+    caveats = [
+        "temporaries inside a step, library workspaces and the allocator's segments "
+        "are measured, not predicted",
+    ]
+    prediction = {
+        "label": "prediction",
+        "device": device,
+        "allocated_before": 0,
+        "delta_allocated": finals,
+        "allocated_after": finals,
+        "peak_named_bytes": state.peak,
+        "host_tensor_bytes": state.live("cpu"),
+        "inputs": [],
+        "outputs": [],
+        "steps": per_step,
+        "rounding": "CUDA blocks rounded up to 512 bytes" if device != "cpu" else "none",
+        "devices": sorted(devices),
+        "exact": False,
+        "caveats": caveats,
+    }
+    return ScenarioPlan(steps, tuple(sorted(devices)), state.peak, total, prediction)
+
+
+def _walk_creates(steps: list[Any]) -> set[str]:
+    """Devices the steps name beyond the scenario's own (pinned memory needs CUDA)."""
+    found: set[str] = set()
+    for step in steps:
+        if step.get("do") == "repeat":
+            found |= _walk_creates(step["steps"])
+            continue
+        if step.get("do") in ("create", "move") and step.get("device"):
+            found.add(canonical_device(step["device"]))
+        if step.get("do") == "pin" or step.get("pin_memory"):
+            found.add("cuda:0")  # pinned host memory needs a CUDA driver
+    return found
+
+
+def _no_plan(
+    shape: tuple[int, ...], params: Mapping[str, Any], dtype: str, device: str
+) -> TensorPlan:
+    raise CatalogError("steps", "a scenario is planned from its steps")
+
+
+SCENARIO = OpEntry(
+    name="scenario",
+    summary="a list of named-tensor steps (create, op, move, pin, delete, empty_cache, "
+    "synchronize, repeat); each step gets its own figures and a mark in the trace",
+    plan_fn=_no_plan,
+    params=(
+        Param(
+            "on_error",
+            "choice",
+            "stop at a failing step (the experiment fails) or record "
+            "the error in the step and go on",
+            default="stop",
+            choices=("stop", "continue"),
+        ),
+    ),
+    tags=("scenario",),
+)

@@ -1,0 +1,31 @@
+"""Presets as the API shows them, and the overrides a client may send to run one."""
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from app.schemas.spec import Tag
+
+
+class PresetOut(BaseModel):
+    name: str
+    question: str = Field(description="the question the preset answers")
+    article: str = Field(description="the article (000-003) whose code it measures")
+    example: str
+    needs_cuda: bool
+    default_dtype: str
+    spec: dict[str, Any] = Field(description="the spec it queues at size medium on cuda")
+
+
+class PresetRun(BaseModel):
+    """Overrides for one run of a preset; every field is optional."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    device: str = Field(default="cuda", max_length=16, description="'cpu', 'cuda' or 'cuda:N'")
+    dtype: str | None = Field(default=None, max_length=32, description="the preset's dtype")
+    size: Literal["small", "medium", "large"] = Field(
+        default="medium", description="small (CPU tests), medium (the articles' sizes), large"
+    )
+    tags: list[Tag] = Field(default_factory=list, max_length=16)
+    priority: int = Field(default=0, ge=-100, le=100)

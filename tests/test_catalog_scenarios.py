@@ -1,0 +1,142 @@
+"""The torch-free catalog: scenario steps validated as data, presets, new ops' plans."""
+
+import pytest
+
+from app.catalog import CatalogError, plan_spec
+from app.catalog.presets import PRESETS, PresetError
+from app.catalog.scenario import plan_scenario
+
+
+def test_a_scenario_predicts_named_bytes_after_each_step() -> None:
+    steps = [
+        {"do": "create", "name": "a", "fn": "ones", "shape": [256, 256]},
+        {"do": "op", "name": "b", "fn": "matmul", "args": ["a", "a"]},
+        {"do": "op", "name": "v", "fn": "narrow", "args": ["b"], "length": 1},
+        {"do": "delete", "name": "b"},
+        {"do": "delete", "name": "a"},
+        {"do": "move", "name": "h", "src": "v", "device": "cpu"},
+    ]
+    plan = plan_scenario(steps, "float32", "cuda:0")
+    after = [s["allocated_after"] for s in plan.prediction["steps"]]
+    full = 256 * 256 * 4
+    # The view keeps b's whole storage alive after del b; the move makes a host copy.
+    assert after == [full, 2 * full, 2 * full, 2 * full, full, full]
+    assert plan.prediction["host_tensor_bytes"] == 256 * 4
+    assert plan.peak_bytes == 2 * full
+    assert plan.devices == ("cpu", "cuda:0")
+
+
+def test_repeat_lists_and_holes() -> None:
+    steps = [
+        {"do": "create", "name": "xs", "fn": "empty", "shape": [1000], "count": 10},
+        {"do": "delete", "name": "xs", "every": 2},
+        {
+            "do": "repeat",
+            "times": 3,
+            "steps": [
+                {"do": "create", "name": "t", "fn": "randn", "shape": [10]},
+                {"do": "delete", "name": "t"},
+            ],
+        },
+    ]
+    plan = plan_scenario(steps, "float32", "cuda")
+    block = -(-4000 // 512) * 512
+    assert [s["allocated_after"] for s in plan.prediction["steps"]] == [
+        10 * block,
+        5 * block,
+        5 * block,
+    ]
+
+
+@pytest.mark.parametrize(
+    ("steps", "field", "words"),
+    [
+        ([{"do": "eval", "code": "import os"}], "steps[0].do", "must be one of"),
+        ([{"do": "op", "name": "b", "fn": "__import__", "args": ["a"]}], "steps[0].fn", "one of"),
+        ([{"do": "op", "name": "b", "fn": "relu", "args": ["nope"]}], "steps[0].args", "no tensor"),
+        ([{"do": "create", "name": "a b", "shape": [1]}], "steps[0].name", "identifier"),
+        ([{"do": "create", "name": "a", "shape": [1], "x": 1}], "steps[0].x", "unknown field"),
+        (
+            [
+                {"do": "create", "name": "a", "shape": [4], "device": "cpu"},
+                {"do": "create", "name": "b", "shape": [4]},
+                {"do": "op", "name": "c", "fn": "add", "args": ["a", "b"]},
+            ],
+            "steps[2].args",
+            "across devices",
+        ),
+        (
+            [{"do": "repeat", "times": 30000, "steps": [{"do": "synchronize"}]}],
+            "steps[0].times",
+            "between",
+        ),
+        (
+            [
+                {
+                    "do": "repeat",
+                    "times": 2,
+                    "steps": [
+                        {
+                            "do": "repeat",
+                            "times": 2,
+                            "steps": [
+                                {"do": "repeat", "times": 2, "steps": [{"do": "synchronize"}]}
+                            ],
+                        }
+                    ],
+                }
+            ],
+            "steps[0].steps[0].steps[0]",
+            "nest",
+        ),
+        ([], "steps", "non-empty"),
+    ],
+)
+def test_bad_steps_are_refused_naming_the_field(
+    steps: list[dict[str, object]], field: str, words: str
+) -> None:
+    with pytest.raises(CatalogError) as caught:
+        plan_scenario(steps, "float32", "cuda:0")
+    assert caught.value.field == field
+    assert words in caught.value.message
+
+
+def test_every_preset_builds_on_cuda_and_on_cpu_or_says_why() -> None:
+    for preset in PRESETS.values():
+        assert preset.article in ("000", "001", "002", "003")
+        assert preset.spec("cuda", None, "medium")["tags"][0] == f"preset:{preset.name}"
+        if preset.needs_cuda:
+            with pytest.raises(PresetError):
+                preset.spec("cpu", None, "small")
+        else:
+            preset.spec("cpu", None, "small")
+    articles = {p.article for p in PRESETS.values()}
+    assert articles == {"000", "001", "002", "003"}
+
+
+@pytest.mark.parametrize(
+    ("op", "shape", "params", "out"),
+    [
+        ("conv2d", (1, 4, 8, 8), {"out_channels": 6, "stride": 2, "padding": 0}, [1, 6, 3, 3]),
+        ("einsum", (2, 3, 4), {"equation": "bij,bjk->bik", "other_shape": [2, 4, 5]}, [2, 3, 5]),
+        ("stack", (3, 4), {"count": 2, "dim": -1}, [3, 4, 2]),
+        ("sum", (3, 4), {"dim": 0, "keepdim": True}, [1, 4]),
+        ("cat", (3, 4), {"count": 5, "dim": 0}, [15, 4]),
+    ],
+)
+def test_output_shapes(
+    op: str, shape: tuple[int, ...], params: dict[str, object], out: list[int]
+) -> None:
+    _, plan = plan_spec(op, shape, params, "float32", "cpu")
+    assert list(plan.outputs[0].shape) == out
+
+
+def test_module_parameters_are_predicted_by_name() -> None:
+    params = {"module": "transformer_block", "width": 128, "heads": 4, "optimizer": "adam"}
+    _, plan = plan_spec("module_train_step", (2, 8, 32), params, "float32", "cuda")
+    names = [t.name for t in plan.inputs]
+    assert "param:self_attn.in_proj_weight" in names and "param:linear2.bias" in names
+    grads = [t for t in plan.outputs if t.name.startswith("grad:")]
+    states = [t for t in plan.outputs if t.name.startswith("state:")]
+    assert len(states) == 2 * len(grads) == 2 * (len(plan.inputs) - 1)
+    assert not plan.exact

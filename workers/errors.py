@@ -1,0 +1,110 @@
+"""Failures inside an op, as error dicts of our types (app/schemas/experiment.py)."""
+
+from __future__ import annotations
+
+import re
+import traceback
+from typing import Any
+
+import torch
+
+from workers.measure import PhaseRecord
+
+_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+_DEVICE_MISMATCH = (
+    "Expected all tensors to be on the same device",
+    "found at least two devices",
+    "is not on the expected device",
+    "should be the same or input should be a MKLDNN tensor",
+    "Expected object of device type",
+    "Input type (torch.FloatTensor) and weight type (torch.cuda",
+)
+_AUTOGRAD = (
+    "a leaf Variable that requires grad is being used in an in-place operation",
+    "one of the variables needed for gradient computation has been modified",
+    "does not require grad and does not have a grad_fn",
+)
+
+
+class OpFailure(Exception):
+    """An exception that PyTorch raised inside an op's set-up or run (not a vramlab bug)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def call(fn: Any, *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception as exc:
+        raise OpFailure(exc) from exc
+
+
+def error(
+    kind: str, exc: BaseException, hint: str | None, details: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "type": kind,
+        "message": str(exc) or type(exc).__name__,
+        "hint": hint,
+        "details": details,
+    }
+
+
+def classify(
+    exc: BaseException, spec: dict[str, Any], extras: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Turn an exception raised by PyTorch in an op into one of our error types."""
+    message = str(exc)
+    name = {"exception": type(exc).__name__}
+    if isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in message:
+        return error("oom", exc, "use a smaller shape or dtype, or free memory on the device", name)
+    if any(p in message for p in _DEVICE_MISMATCH):
+        devices = (extras or {}).get("input_devices") or {}
+        return error(
+            "device_mismatch",
+            exc,
+            "move every input (and the module's parameters: module.to(device)) to one device "
+            "first; only a 0-dim CPU tensor may sit beside tensors on another device",
+            {**name, "input_devices": devices},
+        )
+    if any(p in message for p in _AUTOGRAD):
+        return error(
+            "autograd_error",
+            exc,
+            "autograd refuses this: an in-place op on a leaf that requires grad must run "
+            "under torch.no_grad() (as optimizers do), or on a non-leaf copy",
+            name,
+        )
+    if isinstance(
+        exc, RuntimeError | NotImplementedError | TypeError | ValueError | AssertionError
+    ):
+        hint = (
+            f"op {spec['op']!r} with dtype {spec['dtype']!r} is not supported on "
+            f"{spec['device']!r} by this PyTorch build; the message is PyTorch's own"
+        )
+        return error("unsupported_on_device", exc, hint, name)
+    return error(
+        "internal",
+        exc,
+        "a bug in vramlab's worker; please report it",
+        {**name, "traceback": traceback.format_exc()},
+    )
+
+
+def oom_details(message: str, phases: list[PhaseRecord]) -> dict[str, Any]:
+    details: dict[str, Any] = {"requested_bytes": None, "requested_is_approximate": False}
+    exact = re.search(r"tried to allocate (\d+) bytes", message)
+    rounded = re.search(r"Tried to allocate ([\d.]+) (B|KiB|MiB|GiB|TiB)", message)
+    if exact:
+        details["requested_bytes"] = int(exact.group(1))
+    elif rounded:
+        # The CUDA message rounds to two decimals of its unit.
+        details["requested_bytes"] = int(float(rounded.group(1)) * _UNITS[rounded.group(2)])
+        details["requested_is_approximate"] = True
+    last = phases[-1] if phases else None
+    details["allocated_bytes"] = last.end.allocated if last else None
+    details["reserved_bytes"] = last.end.reserved if last else None
+    details["phase"] = last.name if last else None
+    return details
