@@ -1,4 +1,5 @@
-"""An experiment's allocator trace: paged JSON or a streamed NDJSON."""
+"""An experiment's allocator trace: paged JSON, a streamed NDJSON, or an export for
+PyTorch's memory viewer (``memory_viz``) or Perfetto (``chrome``)."""
 
 import itertools
 import json
@@ -9,12 +10,19 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from app.api.deps import ExperimentDep, SessionDep, get_db
+from app.api.deps import ExperimentDep, SessionDep, get_db, require
 from app.core.db import Database
 from app.errors import ERROR_RESPONSES
-from app.services import traces
+from app.services import exports, traces
 
-router = APIRouter(prefix="/v1/experiments", tags=["traces"], responses=ERROR_RESPONSES)
+# Its own JSON media type: the page schema of format=json does not describe it.
+CHROME_MEDIA = "application/vnd.chrome-trace+json"
+router = APIRouter(
+    prefix="/v1/experiments",
+    tags=["traces"],
+    responses=ERROR_RESPONSES,
+    dependencies=[require("read")],
+)
 
 
 class TracePage(BaseModel):
@@ -30,20 +38,37 @@ class TracePage(BaseModel):
     "/{experiment_id}/trace",
     response_model=TracePage,
     summary="The allocator's event trace",
-    responses={200: {"content": {"application/x-ndjson": {}}}},
+    responses={
+        200: {
+            "content": {
+                "application/x-ndjson": {},
+                "application/octet-stream": {},
+                CHROME_MEDIA: {},
+            }
+        }
+    },
 )
 def trace(
     exp: ExperimentDep,
     s: SessionDep,
     db: Annotated[Database, Depends(get_db)],
-    format: Literal["json", "ndjson"] = "json",
-    offset: Annotated[int, Query(ge=0)] = 0,
+    format: Literal["json", "ndjson", "memory_viz", "chrome"] = "json",
+    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     action: Annotated[list[str] | None, Query()] = None,
-    min_size: Annotated[int, Query(ge=0)] = 0,
+    min_size: Annotated[int, Query(ge=0, le=2**62)] = 0,
 ) -> Any:
-    """``offset`` counts matching events. ``json`` pages; ``ndjson`` streams every match."""
+    """``offset`` counts matching events. ``json`` pages; ``ndjson`` streams every match.
+    ``memory_viz`` (a pickle for pytorch.org/memory_viz) and ``chrome`` (trace-event JSON)
+    stream the whole trace; filters do not apply to them."""
     actions = set(action) if action else None
+    if format in EXPORTS:
+        media, ext = EXPORTS[format]
+        return StreamingResponse(
+            _export(db, exp.id, exp.device, format),
+            media_type=media,
+            headers={"Content-Disposition": f'attachment; filename="{exp.id}.{ext}"'},
+        )
     if format == "ndjson":
         return StreamingResponse(
             _stream(db, exp.id, actions, min_size), media_type="application/x-ndjson"
@@ -59,6 +84,21 @@ def trace(
         events=window[:limit],
         next_offset=offset + limit if more else None,
     )
+
+
+EXPORTS = {
+    "memory_viz": ("application/octet-stream", "pickle"),
+    "chrome": (CHROME_MEDIA, "trace.json"),
+}
+
+
+def _export(db: Database, experiment_id: str, device: str, format: str) -> Iterator[bytes]:
+    with db.session(write=False) as s:
+        events = traces.iter_events(s, experiment_id)
+        if format == "memory_viz":
+            yield from exports.memory_viz(events, device)
+        else:
+            yield from exports.chrome(events, experiment_id, device)
 
 
 def _stream(

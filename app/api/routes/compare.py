@@ -1,0 +1,36 @@
+"""Experiments side by side: figures, differences, environments, overlaid timelines."""
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+from fastapi.responses import Response
+
+from app.api.deps import SessionDep, require
+from app.api.figures import FIGURE_RESPONSES, FigureFormat, respond
+from app.errors import ERROR_RESPONSES
+from app.schemas.results import CompareOut
+from app.services import compare as service
+from app.services import figures
+
+router = APIRouter(
+    prefix="/v1/compare",
+    tags=["results"],
+    responses=ERROR_RESPONSES,
+    dependencies=[require("read")],
+)
+Ids = Annotated[str, Query(max_length=400, description="experiment ids, separated by commas")]
+
+
+@router.get("", response_model=CompareOut, summary="Compare experiments")
+def compare(ids: Ids, s: SessionDep) -> CompareOut:
+    return service.compare(service.load(s, service.parse_ids(ids)))
+
+
+@router.get(
+    "/timeline",
+    summary="Allocated over time, overlaid",
+    responses=FIGURE_RESPONSES,
+    response_class=Response,
+)
+def timeline(ids: Ids, s: SessionDep, format: FigureFormat = "html") -> Response:
+    return respond(figures.overlay(s, service.load(s, service.parse_ids(ids))), format)

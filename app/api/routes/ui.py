@@ -1,0 +1,104 @@
+"""The web pages under /ui/: experiments (list, one, submit), a sweep, a comparison.
+
+Server-rendered with Jinja2; every asset is inline, so the pages work with no network.
+Reads go through the same services and the same ``read`` scope as the JSON API; the
+submit form posts to ``POST /v1/experiments`` from the browser, with a token if given.
+"""
+
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from fastapi import Path as PathParam
+from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.templating import Jinja2Templates
+
+from app.api.deps import ExperimentDep, SessionDep, require
+from app.errors import ApiError, NotFound
+from app.plots import html
+from app.plots.chart import human_bytes
+from app.schemas.experiment import Status
+from app.services import compare, experiments, figures, sweeps
+
+TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parents[2] / "ui" / "templates"))
+TEMPLATES.env.filters["bytes"] = lambda n: "" if n is None else human_bytes(n)
+TEMPLATES.env.globals["chart_script"] = html.SCRIPT
+router = APIRouter(prefix="/ui", include_in_schema=False, dependencies=[require("read")])
+EXAMPLE_SPEC = (
+    '{\n  "op": "add",\n  "shape": [1000, 1000],\n  "dtype": "float32",\n  "device": "cpu"\n}'
+)
+
+
+def _page(request: Request, name: str, **context: Any) -> HTMLResponse:
+    return TEMPLATES.TemplateResponse(request, name, context)
+
+
+@router.get("", response_class=RedirectResponse)
+def root() -> RedirectResponse:
+    return RedirectResponse("/ui/")
+
+
+@router.get("/", response_class=HTMLResponse)
+def index(
+    request: Request,
+    s: SessionDep,
+    status: Annotated[Status | None, Query()] = None,
+    op: Annotated[str | None, Query(max_length=64)] = None,
+    device: Annotated[str | None, Query(max_length=16)] = None,
+    tag: Annotated[str | None, Query(max_length=64)] = None,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> HTMLResponse:
+    filters = experiments.Filters(
+        [status] if status else None, op or None, device or None, tag or None
+    )
+    rows, next_cursor = experiments.page(s, filters, 50, cursor or None)
+    return _page(
+        request,
+        "index.html",
+        items=[experiments.to_out(e) for e in rows],
+        next_cursor=next_cursor,
+        filters={"status": status or "", "op": op or "", "device": device or "", "tag": tag or ""},
+        statuses=["queued", "running", "succeeded", "failed", "cancelled"],
+        sweeps=sweeps.recent(s, 10),
+    )
+
+
+@router.get("/submit", response_class=HTMLResponse)
+def submit_form(request: Request) -> HTMLResponse:
+    return _page(request, "submit.html", example=EXAMPLE_SPEC)
+
+
+@router.get("/experiments/{experiment_id}", response_class=HTMLResponse)
+def experiment(request: Request, exp: ExperimentDep, s: SessionDep) -> HTMLResponse:
+    out = experiments.to_out(exp)
+    chart = peak = None
+    if exp.status in experiments.TERMINAL:
+        try:
+            chart = html.fragment(figures.timeline(s, exp))
+            peak = figures.peak(s, exp, 10)
+        except NotFound:
+            pass  # no trace: the page shows the figures alone
+    return _page(request, "experiment.html", exp=out, chart=chart, peak=peak)
+
+
+@router.get("/sweeps/{sweep_id}", response_class=HTMLResponse)
+def sweep(
+    request: Request, sweep_id: Annotated[str, PathParam(max_length=64)], s: SessionDep
+) -> HTMLResponse:
+    out = sweeps.read(s, sweeps.get(s, sweep_id))
+    return _page(request, "sweep.html", sweep=out, chart=html.fragment(sweeps.chart(out)))
+
+
+@router.get("/compare", response_class=HTMLResponse)
+def compare_page(
+    request: Request, s: SessionDep, ids: Annotated[str, Query(max_length=400)] = ""
+) -> HTMLResponse:
+    result = chart = error = None
+    if ids:
+        try:
+            exps = compare.load(s, compare.parse_ids(ids))
+            result = compare.compare(exps)
+            chart = html.fragment(figures.overlay(s, exps))
+        except ApiError as exc:
+            error = exc.message
+    return _page(request, "compare.html", ids=ids, result=result, chart=chart, error=error)

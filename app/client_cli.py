@@ -1,0 +1,375 @@
+"""The ``vramlab`` client commands: submit, show, ls, trace, sweep, compare.
+
+They speak the HTTP API (httpx), so they work against a remote service: the server from
+``--api`` or ``VRAMLAB_API_URL``, a token from ``--token`` or ``VRAMLAB_TOKEN``. Tables
+for people; ``--json`` for scripts. Status lines and progress bars go to stderr.
+"""
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from contextlib import ExitStack
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import httpx
+
+from app.plots.chart import human_bytes
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+FIGURES = ("delta_allocated", "allocated_peak", "reserved_peak", "allocated_after")
+
+
+class ClientError(Exception):
+    """A failure to report in one line, with exit status 1."""
+
+
+def _client(args: argparse.Namespace) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
+    return httpx.Client(base_url=args.api, headers=headers, timeout=60)
+
+
+def _check(response: httpx.Response) -> Any:
+    if response.is_success:
+        return response.json() if "json" in response.headers.get("content-type", "") else None
+    try:
+        message = response.json()["error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        message = response.text[:500]
+    raise ClientError(f"{response.status_code}: {message}")
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    cells = [[("" if c is None else str(c)) for c in row] for row in rows]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in cells]
+    return "\n".join(lines)
+
+
+def _bytes(n: Any) -> str:
+    return human_bytes(n) if isinstance(n, int | float) else ""
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2))
+
+
+def _status_line(text: str) -> None:
+    sys.stderr.write("\r\033[K" + text)
+    sys.stderr.flush()
+
+
+def _wait(client: httpx.Client, exp_id: str, poll_s: float) -> dict[str, Any]:
+    started = time.monotonic()
+    while True:
+        exp: dict[str, Any] = _check(client.get(f"/v1/experiments/{exp_id}"))
+        waited = time.monotonic() - started
+        detail = (exp.get("queue") or {}).get("reason") or ""
+        _status_line(f"{exp_id[:8]} {exp['status']} {waited:5.1f}s {detail}")
+        if exp["status"] in TERMINAL:
+            sys.stderr.write("\n")
+            return exp
+        time.sleep(poll_s)
+
+
+def _shape(text: str) -> list[int]:
+    return [int(p) for p in text.replace("x", ",").split(",") if p.strip()]
+
+
+def _value(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _spec(args: argparse.Namespace) -> dict[str, Any]:
+    spec: dict[str, Any] = json.loads(Path(args.file).read_text()) if args.file else {}
+    flags = {
+        "op": args.op,
+        "dtype": args.dtype,
+        "device": args.device,
+        "trace": args.trace,
+        "repeat": args.repeat,
+    }
+    spec.update({k: v for k, v in flags.items() if v is not None})
+    if args.shape:
+        spec["shape"] = _shape(args.shape)
+    for item in args.param or []:
+        key, _, value = item.partition("=")
+        spec.setdefault("params", {})[key] = _value(value)
+    if args.tag:
+        spec["tags"] = [*spec.get("tags", []), *args.tag]
+    if "op" not in spec or "shape" not in spec:
+        raise ClientError("a spec needs --op and --shape (or --file spec.json)")
+    return spec
+
+
+def show_experiment(exp: dict[str, Any]) -> None:
+    spec = exp["spec"]
+    print(
+        f"{exp['id']}  {exp['status']}  {spec['op']} {'x'.join(map(str, spec['shape']))} "
+        f"{spec['dtype']} {spec['device']}"
+    )
+    if exp.get("error"):
+        print(f"error: {exp['error']['type']}: {exp['error']['message']}")
+    memory = (exp.get("result") or {}).get("memory") or {}
+    prediction = exp.get("prediction") or {}
+    if memory:
+        rows = [(k, _bytes(v), v, _bytes(prediction.get(k))) for k, v in memory.items()]
+        print(table(["figure", "measured", "bytes", "predicted"], rows))
+    for note in (exp.get("result") or {}).get("notes") or []:
+        print(f"- {note}")
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        exp = _check(client.post("/v1/experiments", json=_spec(args)))
+        if args.wait:
+            exp = _wait(client, exp["id"], args.poll)
+    if args.json:
+        _print_json(exp)
+    elif args.wait:
+        show_experiment(exp)
+    else:
+        print(exp["id"])
+    return 0 if not args.wait or exp["status"] == "succeeded" else 1
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        exp = _check(client.get(f"/v1/experiments/{args.id}"))
+    if args.json:
+        _print_json(exp)
+    else:
+        show_experiment(exp)
+    return 0
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    params = {k: getattr(args, k) for k in ("status", "op", "device", "tag", "limit")}
+    with _client(args) as client:
+        page = _check(client.get("/v1/experiments", params={k: v for k, v in params.items() if v}))
+    if args.json:
+        _print_json(page)
+        return 0
+    rows = []
+    for e in page["items"]:
+        memory = (e.get("result") or {}).get("memory") or {}
+        s = e["spec"]
+        rows.append(
+            (
+                e["id"][:8],
+                e["status"],
+                s["op"],
+                "x".join(map(str, s["shape"])),
+                s["dtype"],
+                s["device"],
+                _bytes(memory.get("delta_allocated")),
+                _bytes(memory.get("allocated_peak")),
+                e["created_at"][:19],
+            )
+        )
+    print(
+        table(["id", "status", "op", "shape", "dtype", "device", "delta", "peak", "created"], rows)
+    )
+    return 0
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    to_file = args.output not in (None, "-")
+    with _client(args) as client, ExitStack() as stack:
+        out = stack.enter_context(Path(args.output).open("wb")) if to_file else sys.stdout.buffer
+        _download(client, f"/v1/experiments/{args.id}/trace", args.format, out)
+    if to_file:
+        print(f"wrote {args.output} ({args.format})", file=sys.stderr)
+    return 0
+
+
+def _download(client: httpx.Client, url: str, fmt: str, out: BinaryIO) -> None:
+    if fmt == "json":
+        # The JSON form pages; write every page into one array as it arrives.
+        out.write(b"[")
+        offset: int | None = 0
+        first = True
+        while offset is not None:
+            page = _check(
+                client.get(url, params={"format": "json", "offset": offset, "limit": 10_000})
+            )
+            for event in page["events"]:
+                out.write((b"" if first else b",\n") + json.dumps(event).encode())
+                first = False
+            offset = page["next_offset"]
+        out.write(b"]\n")
+        return
+    with client.stream("GET", url, params={"format": fmt}) as response:
+        if not response.is_success:
+            response.read()
+            _check(response)
+        for block in response.iter_bytes():
+            out.write(block)
+
+
+def _progress_bar(done: int, total: int, counts: dict[str, int], width: int = 30) -> str:
+    filled = int(width * done / total) if total else width
+    parts = ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total} {parts}"
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = json.loads(Path(args.file).read_text()) if args.file else {}
+    if args.spec:
+        body["spec"] = json.loads(Path(args.spec).read_text())
+    for item in args.grid or []:
+        key, _, values = item.partition("=")
+        body.setdefault("grid", {})[key] = [_value(v) for v in values.split(";")]
+    if "spec" not in body or "grid" not in body:
+        raise ClientError("a sweep needs a spec and a grid: --file sweep.json or --spec + --grid")
+    with _client(args) as client:
+        sweep = _check(client.post("/v1/sweeps", json=body))
+        if args.wait:
+            while not sweep["done"]:
+                time.sleep(args.poll)
+                sweep = _check(client.get(f"/v1/sweeps/{sweep['id']}"))
+                counts = sweep["progress"]
+                done = sum(counts[k] for k in TERMINAL)
+                _status_line(_progress_bar(done, sweep["n_points"], counts))
+            sys.stderr.write("\n")
+        if args.csv:
+            text = client.get(f"/v1/sweeps/{sweep['id']}", params={"format": "csv"}).text
+            Path(args.csv).write_text(text)
+    if args.json:
+        _print_json(sweep)
+        return 0
+    print(f"sweep {sweep['id']}: {sweep['n_points']} points")
+    keys = list(sweep["grid"])
+    rows = [
+        (
+            r["index"],
+            *(_cell(r["values"].get(k)) for k in keys),
+            r["status"],
+            _bytes(r["delta_allocated"]),
+            _bytes(r["allocated_peak"]),
+            _bytes(r["predicted_delta"]),
+        )
+        for r in sweep["rows"]
+    ]
+    print(table(["#", *keys, "status", "delta", "peak", "predicted"], rows))
+    return 0
+
+
+def _cell(value: Any) -> str:
+    return "x".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        out = _check(client.get("/v1/compare", params={"ids": ",".join(args.ids)}))
+    if args.json:
+        _print_json(out)
+        return 0
+    items = out["items"]
+    headers = ["figure", *(i["label"] for i in items)]
+    rows = []
+    for key in items[0]["figures"]:
+        row = [key]
+        for n, item in enumerate(items):
+            value, diff = item["figures"][key], out["differences"][key][n]
+            text = _figure(key, value)
+            if n and diff:
+                text += f" ({'+' if diff > 0 else '-'}{_figure(key, abs(diff))})"
+            row.append(text)
+        rows.append(row)
+    print(table(headers, rows))
+    for key, values in out["environment"].items():
+        print(f"environment {key}: {' | '.join(map(str, values))}")
+    return 0
+
+
+def _figure(key: str, value: Any) -> str:
+    if key == "time_s":
+        return f"{value:.3g} s" if value is not None else ""
+    return _bytes(value)
+
+
+def _run(func: Any) -> Any:
+    def wrapped(args: argparse.Namespace) -> int:
+        try:
+            code: int = func(args)
+            return code
+        except ClientError as exc:
+            print(f"vramlab: {exc}", file=sys.stderr)
+            return 1
+        except httpx.TransportError as exc:
+            print(f"vramlab: cannot reach {args.api}: {exc}", file=sys.stderr)
+            return 1
+
+    return wrapped
+
+
+def register(sub: Any) -> None:
+    """Add the client commands to ``vramlab``'s subparsers."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--api",
+        default=os.environ.get("VRAMLAB_API_URL", "http://127.0.0.1:8000"),
+        help="the API's URL (default: VRAMLAB_API_URL or http://127.0.0.1:8000)",
+    )
+    common.add_argument(
+        "--token", default=os.environ.get("VRAMLAB_TOKEN"), help="API token (VRAMLAB_TOKEN)"
+    )
+    common.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+    p = sub.add_parser("submit", parents=[common], help="submit an experiment")
+    p.add_argument("--file", help="a spec as JSON (flags override its fields)")
+    p.add_argument("--op")
+    p.add_argument("--shape", help="e.g. 1000x1000")
+    p.add_argument("--dtype")
+    p.add_argument("--device")
+    p.add_argument("--trace", choices=["none", "events", "stacks"])
+    p.add_argument("--repeat", type=int)
+    p.add_argument("--param", action="append", help="KEY=VALUE (VALUE as JSON); repeatable")
+    p.add_argument("--tag", action="append")
+    p.add_argument("--wait", action="store_true", help="wait until it has finished")
+    p.add_argument("--poll", type=float, default=0.5, help=argparse.SUPPRESS)
+    p.set_defaults(func=_run(cmd_submit))
+
+    p = sub.add_parser("show", parents=[common], help="one experiment")
+    p.add_argument("id")
+    p.set_defaults(func=_run(cmd_show))
+
+    p = sub.add_parser("ls", parents=[common], help="list experiments, newest first")
+    p.add_argument("--status", choices=["queued", "running", *TERMINAL])
+    p.add_argument("--op")
+    p.add_argument("--device")
+    p.add_argument("--tag")
+    p.add_argument("--limit", type=int, default=20)
+    p.set_defaults(func=_run(cmd_ls))
+
+    p = sub.add_parser("trace", parents=[common], help="download an experiment's trace")
+    p.add_argument("id")
+    p.add_argument("--format", choices=["json", "ndjson", "memory_viz", "chrome"], default="ndjson")
+    p.add_argument("-o", "--output", help="file to write (default: stdout)")
+    p.set_defaults(func=_run(cmd_trace))
+
+    p = sub.add_parser("sweep", parents=[common], help="queue a grid of experiments")
+    p.add_argument("--file", help='JSON {"spec": {...}, "grid": {...}}')
+    p.add_argument("--spec", help="a spec as a JSON file")
+    p.add_argument(
+        "--grid",
+        action="append",
+        help='KEY=V1;V2;... (values as JSON), e.g. \'dtype="float32";"float16"\'',
+    )
+    p.add_argument("--wait", action="store_true", help="wait with a progress bar")
+    p.add_argument("--csv", help="write the table as CSV to this file")
+    p.add_argument("--poll", type=float, default=0.5, help=argparse.SUPPRESS)
+    p.set_defaults(func=_run(cmd_sweep))
+
+    p = sub.add_parser("compare", parents=[common], help="experiments side by side")
+    p.add_argument("ids", nargs="+")
+    p.set_defaults(func=_run(cmd_compare))

@@ -1,0 +1,95 @@
+"""Responses about results: the peak, sweeps and comparisons."""
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from app.schemas.experiment import Status
+
+
+class BlockOut(BaseModel):
+    """One allocation seen in the trace."""
+
+    addr: int | None
+    size: int
+    seq: int
+    t_us: float = Field(description="microseconds from the experiment's start")
+    phase: str | None
+    frames: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class PeakMoment(BaseModel):
+    seq: int | None
+    t_us: float
+    phase: str | None
+    allocated: int
+    reserved: int | None = Field(description="null where the trace records no segments (CPU)")
+
+
+class PeakOut(BaseModel):
+    experiment_id: str
+    events: int
+    peak: PeakMoment | None
+    alive_at_peak: list[BlockOut] = Field(description="blocks alive at the peak, largest first")
+    alive_count: int
+    largest: list[BlockOut] = Field(description="the largest allocations of the whole trace")
+    measured_allocated_peak: int | None = Field(
+        default=None, description="result.memory.allocated_peak, from the allocator's stats"
+    )
+
+
+class SweepIn(BaseModel):
+    """A base spec and a grid; every combination of the grid's values is one experiment."""
+
+    spec: dict[str, Any] = Field(description="an experiment spec, as POST /v1/experiments takes")
+    grid: dict[str, list[Any]] = Field(
+        description=(
+            'keys: "shape", "dtype", "device", "repeat", "warmup", "trace", '
+            '"allocator.<key>", "params.<key>" or a bare op parameter name'
+        ),
+        json_schema_extra={
+            "examples": [{"shape": [[256, 256], [1024, 1024]], "dtype": ["float32", "bfloat16"]}]
+        },
+    )
+
+
+class SweepRow(BaseModel):
+    index: int
+    experiment_id: str
+    status: Status
+    values: dict[str, Any] = Field(description="this point's grid values")
+    delta_allocated: int | None = None
+    allocated_peak: int | None = None
+    reserved_peak: int | None = None
+    predicted_delta: int | None = None
+    time_s: float | None = None
+    error_type: str | None = None
+
+
+class SweepOut(BaseModel):
+    id: str
+    created_at: datetime
+    spec: dict[str, Any]
+    grid: dict[str, list[Any]]
+    n_points: int
+    progress: dict[str, int] = Field(description="experiments by status")
+    done: bool
+    rows: list[SweepRow]
+
+
+class CompareItem(BaseModel):
+    id: str
+    status: Status
+    label: str
+    spec: dict[str, Any]
+    figures: dict[str, float | int | None]
+
+
+class CompareOut(BaseModel):
+    items: list[CompareItem]
+    differences: dict[str, list[float | int | None]] = Field(
+        description="each figure's difference from the first experiment's"
+    )
+    environment: dict[str, list[Any]] = Field(description="environment keys whose values differ")
+    environment_same: dict[str, Any]

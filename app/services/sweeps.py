@@ -1,0 +1,277 @@
+"""Sweeps: a base spec and a grid; every point of the grid's product is an experiment.
+
+Every point is validated as POST /v1/experiments would validate it before any is queued,
+so a sweep is queued whole or not at all (one transaction).
+"""
+
+import csv
+import io
+import itertools
+import math
+import uuid
+from collections import Counter
+from datetime import datetime, timedelta
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from app.core.config import Settings
+from app.errors import InvalidSpec, NotFound
+from app.models import Experiment, Sweep
+from app.plots.chart import Chart, Line
+from app.schemas.results import SweepIn, SweepOut, SweepRow
+from app.schemas.spec import ExperimentSpec
+from app.services import experiments
+from app.services.signals import WorkSignal
+from app.services.specs import accept
+
+MAX_POINTS = 1000
+MAX_VALUES = 200
+TOP_LEVEL = ("shape", "dtype", "device", "repeat", "warmup", "trace")
+
+
+def _place(spec: dict[str, Any], key: str, value: Any) -> None:
+    """Put one grid value where it belongs in a spec."""
+    if key in TOP_LEVEL:
+        spec[key] = value
+        return
+    section, _, name = key.partition(".")
+    if section == "allocator" and name:
+        spec["allocator"] = {**(spec.get("allocator") or {}), name: value}
+    elif section == "params" and name:
+        spec["params"] = {**(spec.get("params") or {}), name: value}
+    else:  # a bare name is an op parameter
+        spec["params"] = {**(spec.get("params") or {}), key: value}
+
+
+def _read(exp: Experiment, key: str) -> Any:
+    """A grid key's value as the experiment holds it."""
+    if key in TOP_LEVEL:
+        return {"trace": exp.trace_mode}.get(key, getattr(exp, key, None))
+    section, _, name = key.partition(".")
+    if section == "allocator" and name:
+        return exp.allocator.get(name)
+    return exp.params.get(name if section == "params" and name else key)
+
+
+def points(body: SweepIn) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Each point's grid values and its full spec, in the grid's product order."""
+    for key, options in body.grid.items():
+        if not options:
+            raise InvalidSpec(f"grid.{key}", "give at least one value")
+        if len(options) > MAX_VALUES:
+            raise InvalidSpec(f"grid.{key}", f"at most {MAX_VALUES} values")
+    if not body.grid:
+        raise InvalidSpec("grid", "give at least one key with a list of values")
+    n = math.prod(len(v) for v in body.grid.values())
+    if n > MAX_POINTS:
+        raise InvalidSpec(
+            "grid", f"the grid makes {n} points; a sweep may have at most {MAX_POINTS}"
+        )
+    keys = list(body.grid)
+    out = []
+    for combo in itertools.product(*body.grid.values()):
+        values = dict(zip(keys, combo, strict=True))
+        spec = {k: (dict(v) if isinstance(v, dict) else v) for k, v in body.spec.items()}
+        for key, value in values.items():
+            _place(spec, key, value)
+        out.append((values, spec))
+    return out
+
+
+def _point_error(i: int, values: dict[str, Any], field: str, message: str) -> InvalidSpec:
+    where = ", ".join(f"{k}={v}" for k, v in values.items())
+    return InvalidSpec(f"points[{i}].{field}", f"{message} (grid point {i}: {where})")
+
+
+def create(
+    session: Session,
+    body: SweepIn,
+    settings: Settings,
+    signal: WorkSignal,
+    now: datetime,
+    submitted_by: str | None = None,
+) -> Sweep:
+    grid_points = points(body)
+    specs: list[ExperimentSpec] = []
+    for i, (values, raw) in enumerate(grid_points):
+        try:
+            spec = ExperimentSpec.model_validate(raw)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first["loc"]) or "spec"
+            raise _point_error(i, values, field, first["msg"]) from None
+        try:
+            accept(spec, settings)
+        except InvalidSpec as exc:
+            detail = exc.details[0] if exc.details else {"field": "spec", "message": exc.message}
+            raise _point_error(i, values, detail["field"], detail["message"]) from None
+        specs.append(spec)
+    sweep = Sweep(
+        id=str(uuid.uuid4()),
+        spec=body.spec,
+        grid=body.grid,
+        n_points=len(specs),
+        submitted_by=submitted_by,
+        created_at=now,
+    )
+    session.add(sweep)
+    session.flush()  # the sweep row first: experiments refer to it
+    for i, spec in enumerate(specs):
+        # One microsecond apart: the points keep the grid's order in the queue (oldest
+        # first) and in the sweep's table, with no column for a point's index.
+        exp = experiments.submit(
+            session,
+            spec,
+            settings,
+            signal,
+            now + timedelta(microseconds=i),
+            submitted_by=submitted_by,
+        )
+        exp.sweep_id = sweep.id
+    return sweep
+
+
+def get(session: Session, sweep_id: str) -> Sweep:
+    sweep = session.get(Sweep, sweep_id)
+    if sweep is None:
+        raise NotFound(f"no sweep {sweep_id!r}")
+    return sweep
+
+
+def recent(session: Session, limit: int) -> list[Sweep]:
+    return list(session.scalars(select(Sweep).order_by(Sweep.created_at.desc()).limit(limit)))
+
+
+def members(session: Session, sweep: Sweep) -> list[Experiment]:
+    stmt = (
+        select(Experiment)
+        .where(Experiment.sweep_id == sweep.id)
+        .order_by(Experiment.created_at, Experiment.id)
+    )
+    return list(session.scalars(stmt))
+
+
+def progress(session: Session, sweep: Sweep) -> dict[str, int]:
+    stmt = (
+        select(Experiment.status, func.count())
+        .where(Experiment.sweep_id == sweep.id)
+        .group_by(Experiment.status)
+    )
+    counts = Counter({status: int(n) for status, n in session.execute(stmt)})
+    return {s: counts.get(s, 0) for s in ("queued", "running", "succeeded", "failed", "cancelled")}
+
+
+def row(index: int, exp: Experiment, keys: list[str]) -> SweepRow:
+    data = exp.result.data if exp.result is not None else {}
+    memory = data.get("memory") or {}
+    timing = data.get("timing") or {}
+    return SweepRow(
+        index=index,
+        experiment_id=exp.id,
+        status=exp.status,  # type: ignore[arg-type]
+        values={k: _read(exp, k) for k in keys},
+        delta_allocated=memory.get("delta_allocated"),
+        allocated_peak=memory.get("allocated_peak"),
+        reserved_peak=memory.get("reserved_peak"),
+        predicted_delta=exp.prediction.get("delta_allocated"),
+        time_s=timing.get("median_s"),
+        error_type=exp.error_type,
+    )
+
+
+def read(session: Session, sweep: Sweep) -> SweepOut:
+    keys = list(sweep.grid)
+    counts = progress(session, sweep)
+    return SweepOut(
+        id=sweep.id,
+        created_at=sweep.created_at,
+        spec=sweep.spec,
+        grid=sweep.grid,
+        n_points=sweep.n_points,
+        progress=counts,
+        done=counts["queued"] + counts["running"] == 0,
+        rows=[row(i, e, keys) for i, e in enumerate(members(session, sweep))],
+    )
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, list):
+        return "x".join(str(v) for v in value)
+    return "" if value is None else value
+
+
+def to_csv(out: SweepOut) -> str:
+    keys = list(out.grid)
+    figures = [
+        "delta_allocated",
+        "allocated_peak",
+        "reserved_peak",
+        "predicted_delta",
+        "time_s",
+        "error_type",
+    ]
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(["index", "experiment_id", "status", *keys, *figures])
+    for r in out.rows:
+        writer.writerow(
+            [
+                r.index,
+                r.experiment_id,
+                r.status,
+                *(_cell(r.values.get(k)) for k in keys),
+                *(_cell(getattr(r, f)) for f in figures),
+            ]
+        )
+    return buf.getvalue()
+
+
+def chart(out: SweepOut) -> Chart:
+    """Peak and delta bytes against size, one group of lines per setting of the other grid
+    keys; the prediction dashed beside what was measured."""
+    keys = list(out.grid)
+    x_key = (
+        "shape"
+        if "shape" in keys
+        else next((k for k in keys if all(isinstance(v, int | float) for v in out.grid[k])), None)
+    )
+
+    def x_of(r: SweepRow) -> float:
+        if x_key is None:
+            return float(r.index)
+        value = r.values.get(x_key)
+        if isinstance(value, list):
+            return float(math.prod(value))
+        return float(value) if isinstance(value, int | float) else float(r.index)
+
+    groups: dict[str, list[SweepRow]] = {}
+    for r in out.rows:
+        name = ", ".join(f"{k}={_cell(r.values.get(k))}" for k in keys if k != x_key) or "all"
+        groups.setdefault(name, []).append(r)
+    x_label = {None: "point", "shape": "elements (product of shape)"}.get(x_key, str(x_key))
+    result = Chart(title=f"Sweep {out.id[:8]}: bytes against size", x_label=x_label)
+    for name, rows in groups.items():
+        rows = sorted(rows, key=x_of)
+        for figure, suffix, dashed in (
+            ("allocated_peak", "peak", False),
+            ("delta_allocated", "delta", False),
+            ("predicted_delta", "predicted delta", True),
+        ):
+            pts = [(x_of(r), getattr(r, figure)) for r in rows if getattr(r, figure) is not None]
+            if pts:
+                result.lines.append(
+                    Line(
+                        f"{name}: {suffix}",
+                        [p[0] for p in pts],
+                        [float(p[1]) for p in pts],
+                        dashed=dashed,
+                        step=False,
+                        markers=True,
+                    )
+                )
+    xs = [x for line in result.lines for x in line.xs]
+    result.x_log = bool(xs) and min(xs) > 0 and max(xs) / min(xs) >= 100
+    return result

@@ -1,0 +1,89 @@
+"""The web page in a real browser (headless Chromium driven by Playwright) against the
+real `vramlab serve` and `vramlab worker` processes: submit through the form, then see the
+result, its timeline and the API docs, with nothing fetched from outside."""
+
+import json
+import pickle
+import shutil
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.e2e.test_processes import service  # noqa: F401  (a fixture)
+
+pytestmark = pytest.mark.slow
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    if CHROMIUM is None:
+        pytest.skip("Chromium is not installed (apt-get install chromium chromium-driver)")
+    sync_api = pytest.importorskip("playwright.sync_api")
+    with sync_api.sync_playwright() as p, tempfile.TemporaryDirectory() as profile:
+        # A fresh profile each run; Playwright takes it as user_data_dir.
+        context = p.chromium.launch_persistent_context(
+            profile, executable_path=CHROMIUM, headless=True, args=ARGS
+        )
+        try:
+            yield context
+        finally:
+            context.close()
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_submit_through_the_page_and_see_the_result(service: str, browser: Any) -> None:  # noqa: F811
+    from playwright.sync_api import expect
+
+    requested: list[str] = []
+    page = browser.new_page()
+    page.on("request", lambda r: requested.append(r.url))
+
+    page.goto(f"{service}/ui/submit")
+    spec = {"op": "add", "shape": [512, 512], "dtype": "float32", "device": "cpu"}
+    page.fill("#spec", json.dumps(spec))
+    page.click("#submit")
+    page.wait_for_url("**/ui/experiments/*", timeout=30_000)
+    expect(page.locator("#status")).to_have_text("succeeded", timeout=120_000)
+
+    memory = page.locator("#memory")
+    expect(memory).to_contain_text("delta_allocated")
+    expect(memory).to_contain_text("1.0 MiB")  # 512 x 512 float32 out
+    chart = page.locator("#timeline svg")
+    expect(chart).to_be_visible()
+    assert page.locator("#timeline polyline.vl-line").count() >= 1
+    expect(page.locator("#timeline .vl-label").first).to_contain_text("peak")
+    box = chart.bounding_box()
+    assert box is not None
+    # hover() scrolls the chart into view first; the tooltip follows the pointer.
+    chart.hover(position={"x": box["width"] * 0.6, "y": box["height"] * 0.5})
+    expect(page.locator("#timeline .vl-tip")).to_contain_text("allocated:")
+
+    exp_id = page.url.rsplit("/", 1)[1]
+    # The real CPU profiler trace, exported for PyTorch's viewer, reads back in torch's code.
+    memory_viz = pytest.importorskip("torch.cuda._memory_viz")
+    export = httpx.get(f"{service}/v1/experiments/{exp_id}/trace?format=memory_viz", timeout=30)
+    snapshot = pickle.loads(export.content)
+    assert any(e["action"] == "alloc" and e["size"] == 2**20 for e in snapshot["device_traces"][0])
+    assert "total_reserved" in memory_viz.segsum(snapshot)
+    assert "<html>" in memory_viz.trace_plot(snapshot).lower()
+    page.goto(f"{service}/ui/")
+    expect(page.locator("#experiments")).to_contain_text(exp_id[:8])
+
+    page.goto(f"{service}/docs")
+    expect(page.locator(".swagger-ui .info .title")).to_contain_text("vramlab", timeout=30_000)
+
+    outside = [u for u in requested if not u.startswith((service, "data:", "blob:"))]
+    assert not outside, f"the pages fetched from elsewhere: {outside}"
