@@ -59,7 +59,14 @@ def classify(
     message = str(exc)
     name = {"exception": type(exc).__name__}
     if isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in message:
-        return error("oom", exc, "use a smaller shape or dtype, or free memory on the device", name)
+        failed = error(
+            "oom", exc, "use a smaller shape or dtype, or free memory on the device", name
+        )
+        device = torch.device(str(spec.get("device", "cpu")))
+        if device.type == "cuda":
+            # Now, while what the op held is still alive: the allocator as it failed.
+            failed["details"]["allocator"] = allocator_snapshot(device)
+        return failed
     if any(p in message for p in _DEVICE_MISMATCH):
         devices = (extras or {}).get("input_devices") or {}
         return error(
@@ -108,3 +115,39 @@ def oom_details(message: str, phases: list[PhaseRecord]) -> dict[str, Any]:
     details["reserved_bytes"] = last.end.reserved if last else None
     details["phase"] = last.name if last else None
     return details
+
+
+MAX_SEGMENTS_LISTED = 100
+
+
+def allocator_snapshot(device: torch.device) -> dict[str, Any]:
+    """What the caching allocator held right after the failed request: its segments,
+    how full each was, and the largest free block (a request larger than that, and than
+    what the driver still had, is what failed)."""
+    try:
+        segments = [s for s in torch.cuda.memory_snapshot() if s.get("device") == device.index]
+    except RuntimeError:
+        return {"segments": [], "n_segments": 0, "note": "no snapshot: CUDA is not usable"}
+    listed = []
+    for seg in segments:
+        free = [b["size"] for b in seg.get("blocks", []) if b.get("state") == "inactive"]
+        listed.append(
+            {
+                "address": seg["address"],
+                "total_size": seg["total_size"],
+                "allocated_size": seg["allocated_size"],
+                "largest_free_block": max(free, default=0),
+                "segment_type": seg.get("segment_type"),
+            }
+        )
+    listed.sort(key=lambda s: s["total_size"], reverse=True)
+    free_bytes, total_bytes = torch.cuda.mem_get_info(device)
+    return {
+        "n_segments": len(listed),
+        "reserved_bytes": sum(s["total_size"] for s in listed),
+        "allocated_bytes": sum(s["allocated_size"] for s in listed),
+        "largest_free_block": max((s["largest_free_block"] for s in listed), default=0),
+        "device_free_bytes": free_bytes,
+        "device_total_bytes": total_bytes,
+        "segments": listed[:MAX_SEGMENTS_LISTED],
+    }

@@ -69,7 +69,9 @@ def submit(
     return exp
 
 
-def check_quota(session: Session, submitted_by: str | None, settings: Settings) -> None:
+def check_quota(
+    session: Session, submitted_by: str | None, settings: Settings, adding: int = 1
+) -> None:
     """Refuse (429) a submitter that already has as many queued experiments as allowed."""
     who = Experiment.submitted_by
     stmt = select(func.count()).where(
@@ -77,10 +79,10 @@ def check_quota(session: Session, submitted_by: str | None, settings: Settings) 
         who.is_(None) if submitted_by is None else who == submitted_by,
     )
     queued = session.scalar(stmt) or 0
-    if queued >= settings.max_queued_per_token:
+    if queued + adding > settings.max_queued_per_token:
         raise TooManyRequests(
-            f"{queued} experiments of yours are queued; at most {settings.max_queued_per_token} "
-            "may wait at once (VRAMLAB_MAX_QUEUED_PER_TOKEN)",
+            f"{queued} experiments of yours are queued and {adding} more were asked for; at most "
+            f"{settings.max_queued_per_token} may wait at once (VRAMLAB_MAX_QUEUED_PER_TOKEN)",
             headers={"Retry-After": "30"},
         )
 

@@ -109,6 +109,7 @@ def create(
             detail = exc.details[0] if exc.details else {"field": "spec", "message": exc.message}
             raise _point_error(i, values, detail["field"], detail["message"]) from None
         specs.append(spec)
+    experiments.check_quota(session, submitted_by, settings, adding=len(specs))
     sweep = Sweep(
         id=str(uuid.uuid4()),
         spec=body.spec,

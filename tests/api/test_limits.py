@@ -106,3 +106,13 @@ def test_unicode_tags_round_trip(client: httpx.Client) -> None:
     assert client.get(f"/v1/experiments/{made['id']}").json()["spec"]["tags"] == tags
     found = client.get("/v1/experiments", params={"tag": "显存"}).json()["items"]
     assert [e["id"] for e in found] == [made["id"]]
+
+
+def test_a_sweep_counts_against_the_queue_cap(database_url: str) -> None:
+    with LiveServer(make_settings(database_url, max_queued_per_token=4)) as live:
+        with httpx.Client(base_url=live.url) as c:
+            grid = {"shape": [[8, 8], [16, 16], [32, 32]]}
+            assert c.post("/v1/sweeps", json={"spec": ADD, "grid": grid}).status_code == 202
+            refused = c.post("/v1/sweeps", json={"spec": ADD, "grid": grid})
+            assert refused.status_code == 429, refused.text
+            assert len(c.get("/v1/experiments").json()["items"]) == 3

@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from tests.workers.conftest import SpecFactory
+from tests.workers.conftest import SpecFactory, build_spec
+from tests.workers.test_scenario import scenario_spec
 from workers.runner import Outcome, Runner
 
 
@@ -98,6 +99,25 @@ def test_out_of_memory_keeps_the_figures(runner: Runner, make_spec: SpecFactory)
     assert outcome.error is not None and outcome.error["type"] == "oom"
     assert outcome.error["details"]["requested_bytes"] > total
     assert outcome.result is not None and outcome.result["memory"]["allocated_before"] == 0
+
+
+def test_out_of_memory_keeps_the_allocators_snapshot(runner: Runner) -> None:
+    """A scenario holds 1 GiB, then asks for more than the card: the snapshot at that
+    moment shows the segment it held; the next experiment still runs."""
+    total = runner.capabilities()["gpus"][0]["total_memory"]
+    steps = [
+        {"do": "create", "name": "held", "fn": "empty", "shape": [2**28]},
+        # float32: 4 * 2**20 * (total / 2**22 + 16) bytes, past the card's total.
+        {"do": "create", "name": "huge", "fn": "empty", "shape": [2**20, total // 2**22 + 16]},
+    ]
+    outcome = runner.run(scenario_spec(steps, device="cuda:0"))
+    assert outcome.error is not None and outcome.error["type"] == "oom", outcome.error
+    snapshot = outcome.error["details"]["allocator"]
+    assert snapshot["n_segments"] >= 1
+    assert snapshot["allocated_bytes"] >= 2**30
+    assert snapshot["device_total_bytes"] == total
+    after = runner.run(build_spec("add", [1000, 1000], device="cuda:0"))
+    assert after.status == "succeeded"
 
 
 def test_unsupported_dtype_on_cuda(runner: Runner, make_spec: SpecFactory) -> None:
