@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import and_, event, func, or_, select
 from sqlalchemy.exc import IntegrityError
@@ -216,23 +217,30 @@ def queue_info(session: Session, exp: Experiment, settings: Settings, now: datet
     return QueueInfo(runnable=False, live_workers=len(live), reason=reason)
 
 
+def run_fields(exp: Experiment) -> dict[str, Any]:
+    """What running the experiment needs: the spec as accepted (the worker gets these)."""
+    return {
+        "op": exp.op,
+        "shape": exp.shape,
+        "params": exp.params,
+        "dtype": exp.dtype,
+        "device": exp.device,
+        "warmup": exp.warmup,
+        "repeat": exp.repeat,
+        "timeout_s": exp.timeout_s,
+        "allocator": exp.allocator,
+        "trace": exp.trace_mode,
+        "steps": exp.steps,
+    }
+
+
 def to_out(exp: Experiment, queue: QueueInfo | None = None) -> ExperimentOut:
     spec = ExperimentSpec.model_validate(
         {
-            "op": exp.op,
-            "shape": exp.shape,
-            "params": exp.params,
-            "dtype": exp.dtype,
-            "device": exp.device,
-            "warmup": exp.warmup,
-            "repeat": exp.repeat,
-            "timeout_s": exp.timeout_s,
-            "allocator": exp.allocator,
-            "trace": exp.trace_mode,
+            **run_fields(exp),
             "tags": exp.tags,
             "priority": exp.priority,
             "requirements": {"gpu_name": exp.gpu_name, "min_memory_bytes": exp.min_memory_bytes},
-            "steps": exp.steps,
         }
     )
     error = None

@@ -34,7 +34,7 @@ from app.schemas.worker import (
     RegisterRequest,
     RegisterResponse,
 )
-from app.services import queue, traces, workers
+from app.services import experiments, queue, traces, workers
 from app.services.signals import WorkSignal, wait_for
 
 router = APIRouter(
@@ -46,20 +46,7 @@ router = APIRouter(
 
 
 def spec_for_worker(exp: Experiment) -> dict[str, object]:
-    return {
-        "op": exp.op,
-        "shape": exp.shape,
-        "params": exp.params,
-        "dtype": exp.dtype,
-        "device": exp.device,
-        "warmup": exp.warmup,
-        "repeat": exp.repeat,
-        "timeout_s": exp.timeout_s,
-        "allocator": exp.allocator,
-        "trace": exp.trace_mode,
-        "prediction": exp.prediction,
-        "steps": exp.steps,
-    }
+    return {**experiments.run_fields(exp), "prediction": exp.prediction}
 
 
 @router.post("/register", response_model=RegisterResponse)
