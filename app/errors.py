@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -87,8 +87,11 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return out or "body"
 
 
-async def _api_error(_: Request, exc: Exception) -> JSONResponse:
+async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
+    if isinstance(exc, Unauthorized) and request.url.path.startswith("/ui/"):
+        # A person at a web page: send them to sign in rather than show JSON.
+        return RedirectResponse("/ui/signin", status_code=303)
     return JSONResponse(
         _body(exc.type, exc.message, exc.details), status_code=exc.status_code, headers=exc.headers
     )

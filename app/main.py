@@ -19,6 +19,7 @@ from app.api.routes import (
     health,
     presets,
     results,
+    signin,
     sweeps,
     traces,
     ui,
@@ -93,5 +94,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in (results, sweeps, compare, ui):
         app.include_router(module.router)
     app.include_router(presets.router)
+    app.include_router(signin.router)
     docs.install(app)
     return app

@@ -18,6 +18,7 @@ from app.services import auth, experiments
 from app.services.signals import WorkSignal
 
 READ_METHODS = ("GET", "HEAD", "OPTIONS")
+TOKEN_COOKIE = "vramlab_token"
 
 
 def get_db(request: Request) -> Database:
@@ -55,6 +56,7 @@ bearer = HTTPBearer(auto_error=False, description="an API token: `vramlab token 
 
 
 def principal(
+    request: Request,
     db: Annotated[Database, Depends(get_db)],
     settings: Annotated[Settings, Depends(get_settings)],
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
@@ -64,9 +66,13 @@ def principal(
     Its own short read session: a long-polling claim must not hold the request's
     (write) session while it waits.
     """
+    # The header, else the web pages' sign-in cookie (a page load cannot send a header).
+    token = (
+        credentials.credentials if credentials is not None else request.cookies.get(TOKEN_COOKIE)
+    )
     with db.session(write=False) as s:
-        if credentials is not None:
-            found = auth.authenticate(s, settings, credentials.credentials)
+        if token:
+            found = auth.authenticate(s, settings, token)
             if found is None:
                 raise Unauthorized("the bearer token is unknown or revoked")
             return found

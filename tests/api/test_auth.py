@@ -116,3 +116,22 @@ def test_unknown_scope_is_refused_by_the_cli(database_url: str, scope: str) -> N
         text=True,
     )
     assert done.returncode == 2 and "invalid choice" in done.stderr
+
+
+def test_web_pages_sign_in_with_a_token_cookie(database_url: str) -> None:
+    reader = create_token(database_url, "read")
+    with LiveServer(make_settings(database_url)) as live, httpx.Client(base_url=live.url) as c:
+        bounced = c.get("/ui/")
+        assert bounced.status_code == 303 and bounced.headers["location"] == "/ui/signin"
+        assert c.get("/ui/signin").status_code == 200
+        wrong = c.post("/ui/signin", data={"token": "vl_nope"})
+        assert wrong.status_code == 401 and "unknown or revoked" in wrong.text
+        signed = c.post("/ui/signin", data={"token": reader})
+        assert signed.status_code == 303
+        cookie = signed.headers["set-cookie"].lower()
+        assert "httponly" in cookie and "samesite=strict" in cookie
+        assert c.get("/ui/").status_code == 200  # the client keeps the cookie
+        assert c.get("/v1/experiments").status_code == 200
+        assert c.post("/v1/experiments", json=ADD).status_code == 403  # still only `read`
+        c.post("/ui/signout")
+        assert c.get("/ui/").status_code == 303
