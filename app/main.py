@@ -7,6 +7,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from prometheus_client import CollectorRegistry
 from sqlalchemy.exc import SQLAlchemyError
 
 from app import errors
@@ -29,6 +30,7 @@ from app.api.routes import (
 from app.core.config import Settings, get_settings
 from app.core.db import Database
 from app.services import auth
+from app.services.metrics import QueueCollector
 from app.services.signals import WorkSignal
 
 log = logging.getLogger("vramlab")
@@ -75,6 +77,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.db = Database(settings.database_url)
     app.state.signal = WorkSignal()
+    # Each app its own registry: tests run several apps in one process.
+    app.state.metrics = CollectorRegistry(auto_describe=False)
+    app.state.metrics.register(QueueCollector(app.state.db, settings))
     errors.install(app)
     app.add_middleware(
         BodyLimit,

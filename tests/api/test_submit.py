@@ -133,3 +133,16 @@ def test_health_and_docs(client: httpx.Client) -> None:
     assert ready["status"] == "ready" and ready["schema"]
     assert client.get("/docs").status_code == 200
     assert "/v1/experiments" in client.get("/openapi.json").json()["paths"]
+
+
+def test_metrics_count_the_queue_for_prometheus(client: httpx.Client) -> None:
+    submit(client)
+    cancelled = submit(client)
+    client.post(f"/v1/experiments/{cancelled['id']}/cancel")
+    register(client, CPU_CAPS)
+    response = client.get("/metrics")
+    assert response.headers["content-type"].startswith("text/plain")
+    text = response.text
+    assert 'vramlab_experiments{status="queued"} 1.0' in text
+    assert 'vramlab_experiments{status="cancelled"} 1.0' in text
+    assert "vramlab_workers_live 1.0" in text

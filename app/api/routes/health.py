@@ -1,7 +1,8 @@
 """Liveness and readiness."""
 
-from fastapi import APIRouter
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -28,3 +29,13 @@ def readyz(s: SessionDep) -> JSONResponse:
         }
         return JSONResponse(body, status_code=503, headers={"Retry-After": "5"})
     return JSONResponse({"status": "ready", "schema": version})
+
+
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics: experiments by status, failures by type, live workers",
+    response_class=Response,
+    responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}},
+)
+def metrics(request: Request) -> Response:
+    return Response(generate_latest(request.app.state.metrics), media_type=CONTENT_TYPE_LATEST)

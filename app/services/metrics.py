@@ -1,0 +1,55 @@
+"""Prometheus metrics, read from the database at scrape time.
+
+The queue lives in the database, so its gauges are counted there on each scrape: every
+API replica reports the same figures, and nothing is kept in process memory.
+"""
+
+from collections.abc import Iterator
+from datetime import timedelta
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+
+from app.core.config import Settings
+from app.core.db import Database
+from app.models import Experiment, Worker
+from app.models.base import utcnow
+
+STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+
+
+class QueueCollector(Collector):
+    def __init__(self, db: Database, settings: Settings) -> None:
+        self.db = db
+        self.settings = settings
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        experiments = GaugeMetricFamily(
+            "vramlab_experiments", "Experiments by status", labels=["status"]
+        )
+        failures = GaugeMetricFamily(
+            "vramlab_experiments_failed", "Failed experiments by error type", labels=["type"]
+        )
+        workers = GaugeMetricFamily("vramlab_workers_live", "Workers that sent a heartbeat lately")
+        with self.db.session(write=False) as s:
+            by_status = dict(
+                s.execute(select(Experiment.status, func.count()).group_by(Experiment.status)).all()
+            )
+            by_error = s.execute(
+                select(Experiment.error_type, func.count())
+                .where(Experiment.status == "failed")
+                .group_by(Experiment.error_type)
+            ).all()
+            cutoff = utcnow() - timedelta(seconds=self.settings.worker_live_seconds)
+            live = s.scalar(
+                select(func.count()).where(Worker.last_seen_at >= cutoff, Worker.state != "stopped")
+            )
+        for status in STATUSES:
+            experiments.add_metric([status], by_status.get(status, 0))
+        for error_type, n in by_error:
+            failures.add_metric([error_type or "unknown"], n)
+        workers.add_metric([], live or 0)
+        yield experiments
+        yield failures
+        yield workers
