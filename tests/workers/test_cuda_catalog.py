@@ -81,3 +81,20 @@ def test_backward_has_its_own_peak(runner: Runner, make_spec: SpecFactory) -> No
     back = result["details"]["sections"]["backward"]
     assert back["allocated_peak"] >= back["allocated_end"]
     assert result["memory"]["allocated_peak"] >= back["allocated_peak"]
+
+
+def _gpu_count() -> int:
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+@pytest.mark.skipif(_gpu_count() < 2, reason="needs two CUDA GPUs")
+def test_two_gpus_copy_keeps_both_copies(runner: Runner, make_spec: SpecFactory) -> None:
+    """cuda:0 -> cuda:1: the new copy is on the second GPU, the source stays on the first."""
+    spec = make_spec("to", [4096, 4096], {"source_device": "cuda:0"}, device="cuda:1")
+    result = ok(runner.run(spec))
+    assert result["environment"]["device"] == "cuda:1"
+    assert result["memory"]["delta_allocated"] == spec["prediction"]["delta_allocated"] == 2**26
+    assert result["timing"]["bytes_per_s"] > 0
+    assert [t["device"] for t in result["inputs"]] == ["cuda:0"]
+    assert [t["device"] for t in result["outputs"]] == ["cuda:1"]
+    assert runner.capabilities()["gpus"][1]["index"] == 1
