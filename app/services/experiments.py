@@ -66,7 +66,10 @@ def submit(
         idempotency_key=idempotency_key,
     )
     session.add(exp)
-    event.listen(session, "after_commit", lambda _s: signal.notify(), once=True)
+    # One wake-up per transaction, however many experiments it queues (a sweep).
+    if not session.info.get("wakes_workers"):
+        session.info["wakes_workers"] = True
+        event.listen(session, "after_commit", lambda _s: signal.notify(), once=True)
     return exp
 
 

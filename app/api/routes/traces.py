@@ -73,8 +73,14 @@ def trace(
         return StreamingResponse(
             _stream(db, exp.id, actions, min_size), media_type="application/x-ndjson"
         )
-    matching = (e for e in traces.iter_events(s, exp.id) if traces.matches(e, actions, min_size))
-    window = list(itertools.islice(matching, offset, offset + limit + 1))
+    if actions is None and min_size == 0:
+        # No filter: every event matches, so skip whole chunks up to the offset.
+        window = list(itertools.islice(traces.iter_events(s, exp.id, offset), limit + 1))
+    else:
+        matching = (
+            e for e in traces.iter_events(s, exp.id) if traces.matches(e, actions, min_size)
+        )
+        window = list(itertools.islice(matching, offset, offset + limit + 1))
     more = len(window) > limit
     return TracePage(
         experiment_id=exp.id,
