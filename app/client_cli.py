@@ -1,8 +1,10 @@
-"""The ``vramlab`` client commands: submit, show, ls, trace, sweep, compare.
+"""The ``vramlab`` client commands: submit, show, ls, cancel, trace, sweep, compare,
+presets and run.
 
 They speak the HTTP API (httpx), so they work against a remote service: the server from
 ``--api`` or ``VRAMLAB_API_URL``, a token from ``--token`` or ``VRAMLAB_TOKEN``. Tables
-for people; ``--json`` for scripts. Status lines and progress bars go to stderr.
+for people; ``--json`` for scripts. Status lines and progress bars go to stderr. An
+experiment may be named by a unique prefix of its id (the 8 characters ``ls`` prints).
 """
 
 import argparse
@@ -17,9 +19,11 @@ from typing import Any, BinaryIO
 
 import httpx
 
+from app.contract import FINISHED, Status
 from app.plots.chart import human_bytes
 
-TERMINAL = ("succeeded", "failed", "cancelled")
+TERMINAL = tuple(str(s) for s in Status if s in FINISHED)
+FULL_ID = 36
 FIGURES = ("delta_allocated", "allocated_peak", "reserved_peak", "allocated_after")
 
 
@@ -64,17 +68,54 @@ def _status_line(text: str) -> None:
     sys.stderr.flush()
 
 
-def _wait(client: httpx.Client, exp_id: str, poll_s: float) -> dict[str, Any]:
+class GaveUp(ClientError):
+    """``--wait`` stopped waiting: no live worker can run the experiment."""
+
+
+def _wait(
+    client: httpx.Client, exp_id: str, poll_s: float, give_up_s: float
+) -> dict[str, Any]:
+    """Poll until the experiment has finished. Give up once no live worker has been able
+    to run it for ``give_up_s`` seconds (queued work that a busy worker will reach is
+    waited for)."""
     started = time.monotonic()
+    stuck_since: float | None = None
     while True:
         exp: dict[str, Any] = _check(client.get(f"/v1/experiments/{exp_id}"))
-        waited = time.monotonic() - started
-        detail = (exp.get("queue") or {}).get("reason") or ""
-        _status_line(f"{exp_id[:8]} {exp['status']} {waited:5.1f}s {detail}")
+        now = time.monotonic()
+        queue = exp.get("queue") or {}
+        detail = queue.get("reason") or ""
+        _status_line(f"{exp_id[:8]} {exp['status']} {now - started:5.1f}s {detail}")
         if exp["status"] in TERMINAL:
             sys.stderr.write("\n")
             return exp
+        if exp["status"] == Status.QUEUED and queue.get("runnable") is False:
+            stuck_since = now if stuck_since is None else stuck_since
+            if now - stuck_since >= give_up_s:
+                sys.stderr.write("\n")
+                raise GaveUp(
+                    f"gave up waiting for {exp_id[:8]} after {now - started:.0f}s: {detail}. "
+                    f"It stays queued; `vramlab cancel {exp_id[:8]}` removes it"
+                )
+        else:
+            stuck_since = None
         time.sleep(poll_s)
+
+
+def resolve_id(client: httpx.Client, given: str) -> str:
+    """A full experiment id from a unique prefix of one (as ``ls`` and the pages print)."""
+    if len(given) >= FULL_ID:
+        return given
+    if not given or any(c not in "0123456789abcdefABCDEF-" for c in given):
+        raise ClientError(f"{given!r} is not an experiment id nor the start of one")
+    page = _check(client.get("/v1/experiments", params={"id_prefix": given, "limit": 10}))
+    ids = [item["id"] for item in page["items"]]
+    if not ids:
+        raise ClientError(f"no experiment id starts with {given!r}")
+    if len(ids) > 1:
+        listing = ", ".join(i for i in ids) + (" …" if page.get("next_cursor") else "")
+        raise ClientError(f"{given!r} matches several experiments: {listing}; give more of it")
+    return str(ids[0])
 
 
 def _shape(text: str) -> list[int]:
@@ -127,23 +168,65 @@ def show_experiment(exp: dict[str, Any]) -> None:
         print(f"- {note}")
 
 
-def cmd_submit(args: argparse.Namespace) -> int:
-    with _client(args) as client:
-        exp = _check(client.post("/v1/experiments", json=_spec(args)))
-        if args.wait:
-            exp = _wait(client, exp["id"], args.poll)
+def _finish_submit(client: httpx.Client, exp: dict[str, Any], args: argparse.Namespace) -> int:
+    if args.wait:
+        exp = _wait(client, exp["id"], args.poll, args.give_up)
     if args.json:
         _print_json(exp)
     elif args.wait:
         show_experiment(exp)
     else:
         print(exp["id"])
-    return 0 if not args.wait or exp["status"] == "succeeded" else 1
+    return 0 if not args.wait or exp["status"] == Status.SUCCEEDED else 1
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        exp = _check(client.post("/v1/experiments", json=_spec(args)))
+        return _finish_submit(client, exp, args)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    body: dict[str, Any] = {"size": args.size}
+    if args.device:
+        body["device"] = args.device
+    if args.dtype:
+        body["dtype"] = args.dtype
+    with _client(args) as client:
+        exp = _check(client.post(f"/v1/presets/{args.preset}/runs", json=body))
+        return _finish_submit(client, exp, args)
+
+
+def cmd_presets(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        listing = _check(client.get("/v1/presets"))
+    if args.json:
+        _print_json(listing)
+        return 0
+    rows = [
+        (p["name"], "cuda" if p["needs_cuda"] else "any", p["question"][:70]) for p in listing
+    ]
+    print(table(["preset", "device", "question"], rows))
+    print("\nrun one: vramlab run PRESET [--device cpu|cuda] [--wait]", file=sys.stderr)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    with _client(args) as client:
+        exp_id = resolve_id(client, args.id)
+        exp = _check(client.post(f"/v1/experiments/{exp_id}/cancel"))
+    if args.json:
+        _print_json(exp)
+    elif exp["status"] == Status.CANCELLED:
+        print(f"{exp_id} cancelled")
+    else:
+        print(f"{exp_id} is {exp['status']}: its worker was asked to stop it")
+    return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        exp = _check(client.get(f"/v1/experiments/{args.id}"))
+        exp = _check(client.get(f"/v1/experiments/{resolve_id(client, args.id)}"))
     if args.json:
         _print_json(exp)
     else:
@@ -184,8 +267,9 @@ def cmd_ls(args: argparse.Namespace) -> int:
 def cmd_trace(args: argparse.Namespace) -> int:
     to_file = args.output not in (None, "-")
     with _client(args) as client, ExitStack() as stack:
+        exp_id = resolve_id(client, args.id)
         out = stack.enter_context(Path(args.output).open("wb")) if to_file else sys.stdout.buffer
-        _download(client, f"/v1/experiments/{args.id}/trace", args.format, out)
+        _download(client, f"/v1/experiments/{exp_id}/trace", args.format, out)
     if to_file:
         print(f"wrote {args.output} ({args.format})", file=sys.stderr)
     return 0
@@ -252,14 +336,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         (
             r["index"],
             *(_cell(r["values"].get(k)) for k in keys),
-            r["status"],
+            r["status"] if r.get("error_type") is None else f"{r['status']}: {r['error_type']}",
             _bytes(r["delta_allocated"]),
             _bytes(r["allocated_peak"]),
             _bytes(r["predicted_delta"]),
+            _figure("time_s", r.get("time_s")),
         )
         for r in sweep["rows"]
     ]
-    print(table(["#", *keys, "status", "delta", "peak", "predicted"], rows))
+    print(table(["#", *keys, "status", "delta", "peak", "predicted", "time"], rows))
     return 0
 
 
@@ -269,7 +354,8 @@ def _cell(value: Any) -> str:
 
 def cmd_compare(args: argparse.Namespace) -> int:
     with _client(args) as client:
-        out = _check(client.get("/v1/compare", params={"ids": ",".join(args.ids)}))
+        ids = [resolve_id(client, i) for i in args.ids]
+        out = _check(client.get("/v1/compare", params={"ids": ",".join(ids)}))
     if args.json:
         _print_json(out)
         return 0
@@ -308,8 +394,25 @@ def _run(func: Any) -> Any:
         except httpx.TransportError as exc:
             print(f"vramlab: cannot reach {args.api}: {exc}", file=sys.stderr)
             return 1
+        except KeyboardInterrupt:
+            # Ctrl-C: end the line a status line left open and exit as shells expect.
+            sys.stderr.write("\n")
+            return 130
 
     return wrapped
+
+
+def _wait_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--wait", action="store_true", help="wait until it has finished")
+    p.add_argument(
+        "--give-up",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="with --wait: stop (exit 1, saying why) once no live worker has been able to "
+        "run it for this long (default 30)",
+    )
+    p.add_argument("--poll", type=float, default=0.5, help=argparse.SUPPRESS)
 
 
 def register(sub: Any) -> None:
@@ -335,13 +438,27 @@ def register(sub: Any) -> None:
     p.add_argument("--repeat", type=int)
     p.add_argument("--param", action="append", help="KEY=VALUE (VALUE as JSON); repeatable")
     p.add_argument("--tag", action="append")
-    p.add_argument("--wait", action="store_true", help="wait until it has finished")
-    p.add_argument("--poll", type=float, default=0.5, help=argparse.SUPPRESS)
+    _wait_args(p)
     p.set_defaults(func=_run(cmd_submit))
 
-    p = sub.add_parser("show", parents=[common], help="one experiment")
+    p = sub.add_parser("presets", parents=[common], help="the named experiments to run")
+    p.set_defaults(func=_run(cmd_presets))
+
+    p = sub.add_parser("run", parents=[common], help="run a preset (see `vramlab presets`)")
+    p.add_argument("preset")
+    p.add_argument("--device", help="cpu, cuda or cuda:N (default: what a live worker offers)")
+    p.add_argument("--dtype")
+    p.add_argument("--size", choices=["small", "medium", "large"], default="medium")
+    _wait_args(p)
+    p.set_defaults(func=_run(cmd_run))
+
+    p = sub.add_parser("show", parents=[common], help="one experiment (id or unique prefix)")
     p.add_argument("id")
     p.set_defaults(func=_run(cmd_show))
+
+    p = sub.add_parser("cancel", parents=[common], help="cancel a queued or running experiment")
+    p.add_argument("id")
+    p.set_defaults(func=_run(cmd_cancel))
 
     p = sub.add_parser("ls", parents=[common], help="list experiments, newest first")
     p.add_argument("--status", choices=["queued", "running", *TERMINAL])

@@ -5,11 +5,12 @@ programs to act on; ``message`` is for people; ``details`` lists fields at fault
 """
 
 import logging
+from html import escape
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from sqlalchemy.exc import InterfaceError, OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -49,8 +50,12 @@ class InvalidSpec(ApiError):
     status_code = 422
     type = "validation_error"
 
-    def __init__(self, field: str, message: str):
-        super().__init__(f"{field}: {message}", details=[{"field": field, "message": message}])
+    def __init__(self, field: str, message: str, *more: tuple[str, str]):
+        problems = [(field, message), *more]
+        super().__init__(
+            "; ".join(f"{f}: {m}" for f, m in problems),
+            details=[{"field": f, "message": m} for f, m in problems],
+        )
 
 
 class Unauthorized(ApiError):
@@ -87,26 +92,50 @@ def _field_path(loc: tuple[Any, ...]) -> str:
     return out or "body"
 
 
+def _for_person(request: Request) -> bool:
+    return request.url.path.startswith("/ui/")
+
+
+def _html_page(status: int, title: str, message: str) -> HTMLResponse:
+    """The error as a small page of its own, for a person at /ui/ (no template: an error
+    page must not fail for the reasons the page itself failed)."""
+    body = (
+        "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f"<title>{escape(title)} · vramlab</title></head>"
+        '<body style="font-family: system-ui, sans-serif; margin: 2em">'
+        f"<h1>{status} {escape(title)}</h1><p id=error-message>{escape(message)}</p>"
+        '<p><a href="/ui/">back to the experiments</a></p></body></html>'
+    )
+    return HTMLResponse(body, status_code=status)
+
+
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, ApiError)
-    if isinstance(exc, Unauthorized) and request.url.path.startswith("/ui/"):
+    if isinstance(exc, Unauthorized) and _for_person(request):
         # A person at a web page: send them to sign in rather than show JSON.
         return RedirectResponse("/ui/signin", status_code=303)
+    if _for_person(request):
+        return _html_page(exc.status_code, exc.type.replace("_", " "), exc.message)
     return JSONResponse(
         _body(exc.type, exc.message, exc.details), status_code=exc.status_code, headers=exc.headers
     )
 
 
-async def _validation_error(_: Request, exc: Exception) -> JSONResponse:
+async def _validation_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, RequestValidationError)
     details = [{"field": _field_path(tuple(e["loc"])), "message": e["msg"]} for e in exc.errors()]
     summary = "; ".join(f"{d['field']}: {d['message']}" for d in details[:5])
+    if _for_person(request):
+        return _html_page(422, "invalid request", summary)
     return JSONResponse(_body("validation_error", summary, details), status_code=422)
 
 
-async def _http_error(_: Request, exc: Exception) -> JSONResponse:
+async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     type_ = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    if _for_person(request):
+        return _html_page(exc.status_code, type_.replace("_", " "), str(exc.detail))
     return JSONResponse(
         _body(type_, str(exc.detail)), status_code=exc.status_code, headers=exc.headers
     )

@@ -22,7 +22,12 @@ class PresetRun(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    device: str = Field(default="cuda", max_length=16, description="'cpu', 'cuda' or 'cuda:N'")
+    device: str | None = Field(
+        default=None,
+        max_length=16,
+        description="'cpu', 'cuda' or 'cuda:N'; left out: CUDA where a live worker offers it, "
+        "else the CPU (a preset that needs CUDA is refused while no live worker has it)",
+    )
     dtype: str | None = Field(default=None, max_length=32, description="the preset's dtype")
     size: Literal["small", "medium", "large"] = Field(
         default="medium", description="small (CPU tests), medium (the articles' sizes), large"

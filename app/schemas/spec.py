@@ -52,7 +52,6 @@ class ExperimentSpec(BaseModel):
                     "shape": [1000, 2000],
                     "params": {"other_shape": [2000, 500]},
                     "dtype": "float32",
-                    "device": "cuda",
                 }
             ]
         },
@@ -64,7 +63,12 @@ class ExperimentSpec(BaseModel):
     )
     params: dict[str, Any] = Field(default_factory=dict, description="the op's parameters")
     dtype: str = Field(default="float32", max_length=32)
-    device: str = Field(default="cuda", max_length=16, description="'cpu', 'cuda' or 'cuda:N'")
+    device: str | None = Field(
+        default=None,
+        max_length=16,
+        description="'cpu', 'cuda' or 'cuda:N'; left out, the service picks one that a live "
+        "worker offers (CUDA where one can run it, else the CPU) and the experiment records it",
+    )
     warmup: int = Field(default=1, ge=0, le=100)
     repeat: int = Field(default=3, ge=1)
     timeout_s: float = Field(default=120.0, gt=0)

@@ -36,7 +36,7 @@ def submit(
     preset: str | None = None,
 ) -> Experiment:
     """Queue a spec in the caller's transaction; waiting workers wake once it commits."""
-    accepted = accept(spec, settings)
+    accepted = accept(with_device(session, spec, settings, now), settings)
     s = accepted.spec
     exp = Experiment(
         id=str(uuid.uuid4()),
@@ -71,6 +71,16 @@ def submit(
         session.info["wakes_workers"] = True
         event.listen(session, "after_commit", lambda _s: signal.notify(), once=True)
     return exp
+
+
+def with_device(
+    session: Session, spec: ExperimentSpec, settings: Settings, now: datetime
+) -> ExperimentSpec:
+    """The spec with its device: as given, or one that a live worker offers."""
+    if spec.device is not None:
+        return spec
+    device = workers.default_device(session, now, settings.worker_live_seconds)
+    return spec.model_copy(update={"device": device})
 
 
 def check_quota(
@@ -158,6 +168,7 @@ class Filters:
     device: str | None = None
     tag: str | None = None
     worker_id: str | None = None
+    id_prefix: str | None = None
 
 
 def _encode_cursor(exp: Experiment) -> str:
@@ -190,6 +201,9 @@ def page(
         stmt = stmt.where(Experiment.device == filters.device)
     if filters.worker_id:
         stmt = stmt.where(Experiment.worker_id == filters.worker_id)
+    if filters.id_prefix:
+        # Ids are lower-case UUIDs; the schema admits only [0-9a-f-], so no LIKE wildcards.
+        stmt = stmt.where(Experiment.id.startswith(filters.id_prefix.lower()))
     if filters.tag:
         tagged = select(ExperimentTag.experiment_id).where(ExperimentTag.tag == filters.tag)
         stmt = stmt.where(Experiment.id.in_(tagged))
@@ -218,6 +232,20 @@ def queue_info(session: Session, exp: Experiment, settings: Settings, now: datet
     else:
         reason = f"no live worker can run it: it {reasons[0]}"
     return QueueInfo(runnable=False, live_workers=len(live), reason=reason)
+
+
+def off_prediction(out: ExperimentOut) -> str | None:
+    """A few words when the measured delta is far from the catalog's prediction (more than
+    a quarter and more than 1 MiB apart), for the list page to flag; else None."""
+    memory = (out.result or {}).get("memory") or {}
+    measured, predicted = memory.get("delta_allocated"), out.prediction.get("delta_allocated")
+    if not isinstance(measured, int) or not isinstance(predicted, int):
+        return None
+    gap = measured - predicted
+    if abs(gap) <= max(2**20, abs(predicted) // 4):
+        return None
+    ratio = f"{measured / predicted:.2g} times the prediction" if predicted > 0 else "unpredicted"
+    return f"measured {ratio} ({'+' if gap > 0 else '-'}{abs(gap):,} bytes): see its notes"
 
 
 def run_fields(exp: Experiment) -> dict[str, Any]:

@@ -5,28 +5,32 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from app.catalog import CatalogError
-from app.catalog.presets import PRESETS, get_preset
+from app.catalog.presets import PRESETS, Preset, get_preset
 from app.core.config import Settings
-from app.errors import InvalidSpec, NotFound
+from app.errors import Conflict, InvalidSpec, NotFound
 from app.models import Experiment
 from app.schemas.preset import PresetOut, PresetRun
 from app.schemas.spec import ExperimentSpec
-from app.services import experiments
+from app.services import experiments, workers
 from app.services.signals import WorkSignal
+
+
+def _preset(name: str) -> Preset:
+    try:
+        return get_preset(name)
+    except CatalogError as exc:
+        raise NotFound(exc.message) from None
 
 
 def listing() -> list[PresetOut]:
     return [PresetOut.model_validate(p.describe()) for p in PRESETS.values()]
 
 
-def spec_of(name: str, run: PresetRun) -> ExperimentSpec:
+def spec_of(name: str, run: PresetRun, device: str) -> ExperimentSpec:
     """The preset's spec with the overrides applied; 404 for an unknown name."""
+    preset = _preset(name)
     try:
-        preset = get_preset(name)
-    except CatalogError as exc:
-        raise NotFound(exc.message) from None
-    try:
-        raw = preset.spec(run.device, run.dtype, run.size)
+        raw = preset.spec(device, run.dtype, run.size)
     except CatalogError as exc:
         raise InvalidSpec(exc.field, exc.message) from None
     raw["tags"] = [*raw.get("tags", []), *run.tags]
@@ -43,7 +47,15 @@ def queue(
     now: datetime,
     submitted_by: str | None,
 ) -> Experiment:
-    spec = spec_of(name, run)
+    device = run.device
+    if device is None:
+        device = workers.default_device(session, now, settings.worker_live_seconds)
+        if _preset(name).needs_cuda and device != "cuda":
+            raise Conflict(
+                f"preset {name!r} needs a CUDA GPU and no live worker has one; start a worker "
+                "on a machine with a GPU, or pass a device to queue it anyway"
+            )
+    spec = spec_of(name, run, device)
     experiments.check_quota(session, submitted_by, settings)
     return experiments.submit(
         session, spec, settings, signal, now, submitted_by=submitted_by, preset=name

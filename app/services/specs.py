@@ -52,28 +52,37 @@ def _plan(spec: ExperimentSpec, device: str) -> _Planned:
 
 
 def accept(spec: ExperimentSpec, settings: Settings) -> AcceptedSpec:
-    """Check a spec against the catalog and the limits; raise InvalidSpec naming the field."""
+    """Check a spec against the catalog and the limits; raise InvalidSpec naming every
+    field that is wrong (all at once, so a client fixes them in one go)."""
+    problems: list[tuple[str, str]] = []
     try:
         entry = get_op(spec.op)
         if "diagnostic" in entry.tags and not settings.diagnostic_ops:
-            raise CatalogError("op", f"op {spec.op!r} is a diagnostic op, off on this service")
-        if spec.dtype not in DTYPES:
-            raise CatalogError(
-                "dtype", f"unknown dtype {spec.dtype!r}; allowed: {', '.join(DTYPES)}"
-            )
+            problems.append(("op", f"op {spec.op!r} is a diagnostic op, off on this service"))
+    except CatalogError as exc:
+        problems.append((exc.field, exc.message))
+    if spec.dtype not in DTYPES:
+        problems.append(("dtype", f"unknown dtype {spec.dtype!r}; allowed: {', '.join(DTYPES)}"))
+    device = "cpu"
+    if spec.device is None:
+        problems.append(("device", "no device chosen"))  # callers resolve it first
+    else:
         try:
             kind, index = parse_device(spec.device)
+            device = "cpu" if kind == "cpu" else f"cuda:{index}"
         except ValueError as exc:
-            raise CatalogError("device", str(exc)) from exc
-        device = "cpu" if kind == "cpu" else f"cuda:{index}"
+            problems.append(("device", str(exc)))
+    if spec.repeat > settings.max_repeat:
+        problems.append(("repeat", f"must be <= {settings.max_repeat}"))
+    if spec.timeout_s > settings.max_timeout_s:
+        problems.append(("timeout_s", f"must be <= {settings.max_timeout_s:g}"))
+    if problems:
+        raise InvalidSpec(*problems[0], *problems[1:])
+    try:
         plan = _plan(spec, device)
     except CatalogError as exc:
         raise InvalidSpec(exc.field, exc.message) from None
 
-    if spec.repeat > settings.max_repeat:
-        raise InvalidSpec("repeat", f"must be <= {settings.max_repeat}")
-    if spec.timeout_s > settings.max_timeout_s:
-        raise InvalidSpec("timeout_s", f"must be <= {settings.max_timeout_s:g}")
     if plan.total_bytes > settings.max_experiment_bytes:
         raise InvalidSpec(
             "steps" if spec.steps is not None else "shape",

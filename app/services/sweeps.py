@@ -23,7 +23,7 @@ from app.models import Experiment, Sweep
 from app.plots.chart import Chart, Line
 from app.schemas.results import SweepIn, SweepOut, SweepRow
 from app.schemas.spec import ExperimentSpec
-from app.services import experiments
+from app.services import experiments, workers
 from app.services.signals import WorkSignal
 from app.services.specs import accept
 
@@ -95,6 +95,12 @@ def create(
     submitted_by: str | None = None,
 ) -> Sweep:
     grid_points = points(body)
+    if any(raw.get("device") is None for _, raw in grid_points):
+        # One look at the live workers for the whole sweep: every point gets the same.
+        chosen = workers.default_device(session, now, settings.worker_live_seconds)
+        for _, raw in grid_points:
+            if raw.get("device") is None:
+                raw["device"] = chosen
     specs: list[ExperimentSpec] = []
     for i, (values, raw) in enumerate(grid_points):
         try:

@@ -49,6 +49,14 @@ def live(session: Session, now: datetime, live_seconds: float) -> list[Worker]:
     return list(session.scalars(stmt))
 
 
+def default_device(session: Session, now: datetime, live_seconds: float) -> str:
+    """The device for a spec that names none: CUDA where a live worker offers it, else
+    the CPU (every worker runs CPU experiments, so this never leaves work stranded)."""
+    workers = live(session, now, live_seconds)
+    offered = {t for w in workers for t in w.capabilities.get("device_types") or []}
+    return "cuda" if "cuda" in offered else "cpu"
+
+
 def _gpus(caps: dict[str, Any]) -> list[dict[str, Any]]:
     return list(caps.get("gpus") or [])
 

@@ -85,7 +85,9 @@ def test_submit_wait_json_show_ls_trace(live: LiveServer, tmp_path: Path) -> Non
     assert len(ndjson.stdout.splitlines()) == 12
 
     missing = run(live.url, "show", "nope")
-    assert missing.returncode == 1 and "404" in missing.stderr
+    assert missing.returncode == 1 and "'nope' is not an experiment id" in missing.stderr
+    unknown = run(live.url, "show", "ffffffff-ffff-4fff-bfff-ffffffffffff")
+    assert unknown.returncode == 1 and "404" in unknown.stderr
     bad = run(live.url, "submit", "--op", "add", "--shape", "4x4", "--dtype", "float99")
     assert bad.returncode == 1 and "dtype" in bad.stderr
 

@@ -6,12 +6,18 @@ from fastapi import APIRouter
 
 from app.api.deps import SettingsDep, require
 from app.catalog import DTYPES, OPS
+from app.core.config import Settings
 
 router = APIRouter(prefix="/v1", tags=["catalog"], dependencies=[require("read")])
 
 
 @router.get("/catalog", summary="Ops, their parameters, dtypes and devices")
 def catalog(settings: SettingsDep) -> dict[str, Any]:
+    return listing(settings)
+
+
+def listing(settings: Settings) -> dict[str, Any]:
+    """The catalog as clients see it (the submit page builds its form from it too)."""
     ops = [
         op.describe()
         for op in OPS.values()

@@ -55,10 +55,19 @@ def list_experiments(
     device: Annotated[str | None, Query(max_length=16)] = None,
     tag: Annotated[str | None, Query(max_length=64)] = None,
     worker_id: Annotated[str | None, Query(max_length=36)] = None,
+    id_prefix: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=36,
+            pattern=r"^[0-9a-fA-F-]+$",
+            description="experiments whose id starts with this (the 8-character ids pages print)",
+        ),
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> ExperimentPage:
-    filters = experiments.Filters(status, op, device, tag, worker_id)
+    filters = experiments.Filters(status, op, device, tag, worker_id, id_prefix)
     rows, next_cursor = experiments.page(s, filters, limit, cursor)
     return ExperimentPage(items=[experiments.to_out(e) for e in rows], next_cursor=next_cursor)
 

@@ -6,27 +6,31 @@ submit form posts to ``POST /v1/experiments`` from the browser, with a token if 
 """
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Form, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 
-from app.api.deps import ExperimentDep, SessionDep, require
+from app.api.deps import ExperimentDep, NowDep, SessionDep, SettingsDep, SignalDep, require
+from app.api.routes.catalog import listing as catalog_listing
 from app.errors import ApiError, NotFound
 from app.plots import html
 from app.plots.chart import human_bytes
 from app.schemas.experiment import Status
-from app.services import compare, experiments, figures, sweeps
+from app.schemas.preset import PresetRun
+from app.services import compare, experiments, figures, presets, sweeps, workers
+from app.services.auth import Principal
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parents[2] / "ui" / "templates"))
+# A missing figure is an empty cell, never Python's "None".
+TEMPLATES.env.finalize = lambda value: "" if value is None else value
 TEMPLATES.env.filters["bytes"] = lambda n: "" if n is None else human_bytes(n)
+TEMPLATES.env.globals["off_prediction"] = experiments.off_prediction
 TEMPLATES.env.globals["chart_script"] = html.SCRIPT
 router = APIRouter(prefix="/ui", include_in_schema=False, dependencies=[require("read")])
-EXAMPLE_SPEC = (
-    '{\n  "op": "add",\n  "shape": [1000, 1000],\n  "dtype": "float32",\n  "device": "cpu"\n}'
-)
+EXAMPLE_SPEC = '{\n  "op": "add",\n  "shape": [1000, 1000],\n  "dtype": "float32"\n}'
 
 
 def _page(request: Request, name: str, **context: Any) -> HTMLResponse:
@@ -63,14 +67,72 @@ def index(
     )
 
 
+def _live_devices(s: SessionDep, settings: SettingsDep, now: NowDep) -> list[str]:
+    """The devices live workers offer, CUDA first: what the submit form offers."""
+    offered = {
+        t
+        for w in workers.live(s, now, settings.worker_live_seconds)
+        for t in w.capabilities.get("device_types") or []
+    }
+    return [d for d in ("cuda", "cpu") if d in offered]
+
+
 @router.get("/submit", response_class=HTMLResponse)
-def submit_form(request: Request) -> HTMLResponse:
-    return _page(request, "submit.html", example=EXAMPLE_SPEC)
+def submit_form(
+    request: Request, s: SessionDep, settings: SettingsDep, now: NowDep
+) -> HTMLResponse:
+    return _page(
+        request,
+        "submit.html",
+        example=EXAMPLE_SPEC,
+        catalog=catalog_listing(settings),
+        devices=_live_devices(s, settings, now),
+    )
+
+
+@router.get("/presets", response_class=HTMLResponse)
+def presets_page(
+    request: Request, s: SessionDep, settings: SettingsDep, now: NowDep
+) -> HTMLResponse:
+    devices = _live_devices(s, settings, now)
+    return _page(request, "presets.html", presets=presets.listing(), devices=devices)
+
+
+@router.post("/presets/{name}/run", response_class=RedirectResponse)
+def run_preset(
+    name: Annotated[str, PathParam(max_length=64)],
+    s: SessionDep,
+    settings: SettingsDep,
+    signal: SignalDep,
+    now: NowDep,
+    who: Annotated[Principal, require("submit")],
+    device: Annotated[str | None, Form(max_length=16)] = None,
+    size: Annotated[Literal["small", "medium", "large"], Form()] = "medium",
+) -> RedirectResponse:
+    run = PresetRun(device=device or None, size=size)
+    exp = presets.queue(s, name, run, settings, signal, now, who.id)
+    s.flush()
+    return RedirectResponse(f"/ui/experiments/{exp.id}", status_code=303)
+
+
+@router.post("/experiments/{experiment_id}/cancel", response_class=RedirectResponse)
+def cancel(
+    exp: ExperimentDep,
+    s: SessionDep,
+    now: NowDep,
+    _who: Annotated[Principal, require("submit")],
+) -> RedirectResponse:
+    if exp.status not in experiments.TERMINAL:
+        experiments.cancel(s, exp, now)
+    return RedirectResponse(f"/ui/experiments/{exp.id}", status_code=303)
 
 
 @router.get("/experiments/{experiment_id}", response_class=HTMLResponse)
-def experiment(request: Request, exp: ExperimentDep, s: SessionDep) -> HTMLResponse:
-    out = experiments.to_out(exp)
+def experiment(
+    request: Request, exp: ExperimentDep, s: SessionDep, settings: SettingsDep, now: NowDep
+) -> HTMLResponse:
+    queue = experiments.queue_info(s, exp, settings, now) if exp.status == "queued" else None
+    out = experiments.to_out(exp, queue)
     chart = peak = None
     if exp.status in experiments.TERMINAL:
         try:
