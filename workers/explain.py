@@ -128,6 +128,14 @@ def _placement(spec: dict[str, Any], placement: dict[str, Any]) -> list[str]:
             f"Work ran on the CPU in a CUDA experiment ({names}): a tensor or parameter left "
             f"on the CPU, silently computed there."
         )
+    scalar_ops = placement.get("host_scalar_ops") or {}
+    if scalar_ops:
+        names = ", ".join(list(scalar_ops)[:6])
+        notes.append(
+            f"Some bookkeeping ran on the CPU on 0-dim tensors ({names}): scalar state that "
+            f"PyTorch keeps on the host by design (Adam's step counters, say, unless "
+            f"capturable=True), not a tensor left behind."
+        )
     params = placement.get("parameters") or {}
     if params and str(spec["device"]).startswith("cuda"):
         on_cpu = [k for k, d in params.items() if d == "cpu"]

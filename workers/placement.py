@@ -37,6 +37,10 @@ class CopyWatcher(TorchDispatchMode):
         self.copies: dict[tuple[str, str, str], dict[str, Any]] = {}
         self.mixed: dict[str, list[str]] = {}
         self.cpu_ops: dict[str, int] = {}
+        # CPU calls on 0-dim tensors alone: scalar state PyTorch keeps on the host by
+        # design (Adam's and AdamW's step counters unless capturable=True), not user
+        # tensors left behind.
+        self.host_scalar_ops: dict[str, int] = {}
 
     def __torch_dispatch__(
         self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
@@ -63,7 +67,9 @@ class CopyWatcher(TorchDispatchMode):
             self.mixed[f"aten::{name}"] = sorted(devices)
         on_cpu = all(t.device.type == "cpu" for t in (*ins, *outs))
         if self.cuda and ins and on_cpu and name not in _NO_WORK:
-            self.cpu_ops[f"aten::{name}"] = self.cpu_ops.get(f"aten::{name}", 0) + 1
+            scalars = all(t.dim() == 0 for t in (*ins, *outs))
+            counts = self.host_scalar_ops if scalars else self.cpu_ops
+            counts[f"aten::{name}"] = counts.get(f"aten::{name}", 0) + 1
         return out
 
     def report(self) -> dict[str, Any]:
@@ -74,6 +80,7 @@ class CopyWatcher(TorchDispatchMode):
             "device_device_copies": [c for c in copies if c not in flagged],
             "mixed_device_calls": self.mixed,
             "cpu_ops_in_cuda_experiment": dict(list(self.cpu_ops.items())[:MAX_LISTED]),
+            "host_scalar_ops": dict(list(self.host_scalar_ops.items())[:MAX_LISTED]),
             "method": "a TorchDispatchMode over one extra call of the op after the measured "
             "phases (for a scenario: over the whole run)",
         }

@@ -98,3 +98,13 @@ def test_two_gpus_copy_keeps_both_copies(runner: Runner, make_spec: SpecFactory)
     assert [t["device"] for t in result["inputs"]] == ["cuda:0"]
     assert [t["device"] for t in result["outputs"]] == ["cuda:1"]
     assert runner.capabilities()["gpus"][1]["index"] == 1
+
+
+def test_adams_step_counters_are_not_user_tensors_left_on_the_cpu(
+    runner: Runner, make_spec: SpecFactory
+) -> None:
+    params = {"module": "linear", "width": 32, "optimizer": "adam"}
+    result = ok(runner.run(make_spec("module_train_step", [8, 64], params, device="cuda")))
+    assert result["placement"]["host_scalar_ops"]
+    assert not any("silently computed" in note for note in result["notes"])
+    assert any("by design" in note for note in result["notes"])

@@ -28,7 +28,11 @@ class SavedCounter:
         key = storage_key(t)
         if key and key not in self.exclude:
             self.storages[key] = t.untyped_storage().nbytes()
-        return t
+        # A detached alias, not ``t``: when autograd saves a node's own output, packing
+        # the tensor itself makes a reference cycle (tensor -> grad_fn -> saved tensor)
+        # that outlives the graph until the garbage collector runs, so each repeat
+        # would keep its activations alive. The alias shares storage and version counter.
+        return t.detach()
 
     @staticmethod
     def unpack(t: torch.Tensor) -> torch.Tensor:

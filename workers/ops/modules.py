@@ -31,7 +31,9 @@ def build_module(kind: str, shape: tuple[int, ...], p: Any) -> tuple[nn.Module, 
     elif kind == "layer_norm":
         module = nn.LayerNorm(last)
     elif kind == "multihead_attention":
-        mha = nn.MultiheadAttention(last, p["heads"], batch_first=True)
+        mha = nn.MultiheadAttention(
+            last, p["heads"], dropout=float(p.get("dropout") or 0.0), batch_first=True
+        )
         return mha, lambda x: mha(x, x, x, need_weights=False)[0]
     elif kind == "mlp":
         dims = [last] + [width] * p["layers"] + [p.get("out_features") or last]
@@ -40,7 +42,14 @@ def build_module(kind: str, shape: tuple[int, ...], p: Any) -> tuple[nn.Module, 
             layers += [nn.Linear(a, b), nn.ReLU()]
         module = nn.Sequential(*layers[:-1])  # no ReLU after the last layer
     else:
-        module = nn.TransformerEncoderLayer(last, p["heads"], width, dropout=0.0, batch_first=True)
+        # No dropout given: PyTorch's own default for the layer applies (0.1).
+        module = (
+            nn.TransformerEncoderLayer(last, p["heads"], width, batch_first=True)
+            if p.get("dropout") is None
+            else nn.TransformerEncoderLayer(
+                last, p["heads"], width, dropout=float(p["dropout"]), batch_first=True
+            )
+        )
     return module, module
 
 

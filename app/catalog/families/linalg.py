@@ -24,7 +24,12 @@ EINSUM_EQUATIONS: tuple[str, ...] = (
     "i,j->ij",
     "bi,bi->b",
 )
-_WORKSPACE = "a BLAS library's workspace (cuBLAS on first use) is measured, not predicted"
+_WORKSPACE = "cuBLAS's workspace (made on its first use in a process) is measured, not predicted"
+
+
+def _workspace(device: str) -> tuple[str, ...]:
+    """The cuBLAS caveat, where it applies: on CUDA only."""
+    return (_WORKSPACE,) if device.startswith("cuda") else ()
 
 
 def _matmul(shape: Shape, params: Params, dtype: str, device: str) -> TensorPlan:
@@ -33,7 +38,7 @@ def _matmul(shape: Shape, params: Params, dtype: str, device: str) -> TensorPlan
     plan = one_out(
         out, dtype, device, main_input(shape, dtype, device), TensorSpec("b", other, dtype, device)
     )
-    return TensorPlan(plan.inputs, plan.outputs, caveats=(_WORKSPACE,))
+    return TensorPlan(plan.inputs, plan.outputs, caveats=_workspace(device))
 
 
 def _bmm(shape: Shape, params: Params, dtype: str, device: str) -> TensorPlan:
@@ -52,7 +57,7 @@ def _linear(shape: Shape, params: Params, dtype: str, device: str) -> TensorPlan
     if params["bias"]:
         inputs.append(TensorSpec("bias", (n_out,), dtype, device))
     out = one_out((*shape[:-1], n_out), dtype, device, *inputs)
-    return TensorPlan(out.inputs, out.outputs, caveats=(_WORKSPACE,))
+    return TensorPlan(out.inputs, out.outputs, caveats=_workspace(device))
 
 
 def _einsum(shape: Shape, params: Params, dtype: str, device: str) -> TensorPlan:
@@ -65,7 +70,7 @@ def _einsum(shape: Shape, params: Params, dtype: str, device: str) -> TensorPlan
     out = einsum_shape(equation, [t.shape for t in inputs], "params.equation")
     plan = one_out(out, dtype, device, *inputs)
     caveat = "einsum may permute or copy operands into temporaries before its matmul"
-    return TensorPlan(plan.inputs, plan.outputs, caveats=(caveat, _WORKSPACE))
+    return TensorPlan(plan.inputs, plan.outputs, caveats=(caveat, *_workspace(device)))
 
 
 _OTHER = Param("other_shape", "shape", "shape of the right operand", required=True)

@@ -107,7 +107,19 @@ def _plan(mode: str) -> PlanFn:
 
 def _params(train: bool) -> tuple[Param, ...]:
     common = (
-        Param("module", "choice", "which module", default="linear", choices=MODULES),
+        Param(
+            "module",
+            "choice",
+            "which module, built as: linear nn.Linear(in, width); conv2d nn.Conv2d(C, width, "
+            "kernel_size, padding=kernel_size//2); layer_norm nn.LayerNorm(in); "
+            "multihead_attention nn.MultiheadAttention(in, heads, batch_first=True); mlp "
+            "nn.Sequential of `layers` Linear(.., width)+ReLU then Linear(width, out_features); "
+            "transformer_block nn.TransformerEncoderLayer(in, heads, width, batch_first=True) "
+            "(in: the input's last dim; modules in training mode, PyTorch's defaults unless a "
+            "parameter says otherwise)",
+            default="linear",
+            choices=MODULES,
+        ),
         Param(
             "width",
             "int",
@@ -124,6 +136,14 @@ def _params(train: bool) -> tuple[Param, ...]:
             maximum=65536,
         ),
         Param("layers", "int", "mlp hidden layers", default=1, minimum=1, maximum=16),
+        Param(
+            "dropout",
+            "float",
+            "dropout probability of transformer_block and multihead_attention (default: "
+            "PyTorch's own, 0.1 for nn.TransformerEncoderLayer, 0.0 for nn.MultiheadAttention)",
+            minimum=0,
+            maximum=1,
+        ),
         Param("heads", "int", "attention heads", default=4, minimum=1, maximum=128),
         Param(
             "kernel_size",
