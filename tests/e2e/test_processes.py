@@ -1,8 +1,11 @@
 """End to end: the real `vramlab` processes, started as the README starts them."""
 
+import json
+import re
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -106,7 +109,17 @@ def test_a_crashing_child_fails_and_the_worker_goes_on(service: str) -> None:
         assert wait_done(client, after["id"])["status"] == "succeeded"
 
 
-def test_vramlab_up_serves_and_runs_on_sqlite(tmp_path: Path) -> None:
+def readme_bodies() -> list[dict[str, Any]]:
+    """The JSON bodies of the README's curl examples, as written there."""
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    return [json.loads(body) for body in re.findall(r"-d '(\{.*?\})'", text, flags=re.S)]
+
+
+def test_vramlab_up_runs_the_readme_examples_as_written(tmp_path: Path) -> None:
+    """`vramlab up` on this GPU-less machine: the README's examples name no device, run on
+    the CPU worker `up` started, and say which device they ran on."""
+    spec, sweep = readme_bodies()[:2]
+    assert "device" not in spec and "device" not in sweep["spec"]
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "up.log"
@@ -120,10 +133,16 @@ def test_vramlab_up_serves_and_runs_on_sqlite(tmp_path: Path) -> None:
     try:
         wait_ready(url, up)
         with httpx.Client(base_url=url, timeout=30) as client:
-            spec = {"op": "randn", "shape": [512, 512], "dtype": "float32", "device": "cpu"}
             exp = wait_done(client, client.post("/v1/experiments", json=spec).json()["id"])
             assert exp["status"] == "succeeded", exp
-            assert exp["result"]["memory"]["delta_allocated"] >= 512 * 512 * 4
+            assert exp["spec"]["device"] == "cpu"
+            assert exp["result"]["environment"]["device"] == "cpu"
+            assert exp["result"]["memory"]["delta_allocated"] >= 1000 * 500 * 4
+            made = client.post("/v1/sweeps", json=sweep)
+            assert made.status_code == 202, made.text
+            points = client.get(f"/v1/sweeps/{made.json()['id']}").json()["rows"]
+            done = [wait_done(client, p["experiment_id"]) for p in points]
+            assert {d["status"] for d in done} == {"succeeded"}, done
     finally:
         code = stop(up)
     assert code == 0, log.read_text()[-3000:]
