@@ -3,6 +3,7 @@ live worker can run them, waiting says why and gives up, and cancel works from t
 and the page. Pages answer people in HTML; ids may be shortened to a unique prefix."""
 
 import collections
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -167,3 +168,16 @@ def test_a_preset_runs_from_its_page(client: httpx.Client) -> None:
     assert ran.status_code == 303 and ran.headers["location"].startswith("/ui/experiments/")
     (exp,) = client.get("/v1/experiments").json()["items"]
     assert exp["preset"] == name and exp["spec"]["device"] == "cpu"
+
+
+def test_ctrl_c_ends_a_waiting_command_cleanly(live: LiveServer) -> None:
+    waiting = start(
+        live.url, "submit", "--op", "add", "--shape", "8", "--device", "cuda", "--wait",
+        "--give-up", "600", "--poll", "0.1",
+    )  # fmt: skip
+    assert waiting.stderr is not None
+    # Wait for the live status line: the command is inside its wait loop.
+    assert "queued" in waiting.stderr.read(len("\r\x1b[K") + 30)
+    waiting.send_signal(signal.SIGINT)
+    _out, err = waiting.communicate(timeout=30)
+    assert waiting.returncode == 130 and "Traceback" not in err
