@@ -4,7 +4,7 @@ import pytest
 
 from app.catalog import CatalogError, plan_spec
 from app.catalog.presets import PRESETS, PresetError
-from app.catalog.scenario import plan_scenario
+from app.catalog.scenario import MAX_TENSOR_STEPS, plan_scenario
 
 
 def test_a_scenario_predicts_named_bytes_after_each_step() -> None:
@@ -140,3 +140,124 @@ def test_module_parameters_are_predicted_by_name() -> None:
     states = [t for t in plan.outputs if t.name.startswith("state:")]
     assert len(states) == 2 * len(grads) == 2 * (len(plan.inputs) - 1)
     assert not plan.exact
+
+
+def test_x_equals_exp_x_holds_the_old_and_the_new_x_during_the_step() -> None:
+    steps = [
+        {"do": "create", "name": "x", "fn": "randn", "shape": [1024, 1024]},
+        {"do": "op", "name": "x", "fn": "exp", "args": ["x"]},
+        {
+            "do": "repeat",
+            "times": 3,
+            "steps": [{"do": "op", "name": "x", "fn": "exp", "args": ["x"]}],
+        },
+    ]
+    plan = plan_scenario(steps, "float32", "cpu")
+    one = 1024 * 1024 * 4
+    assert [s["allocated_after"] for s in plan.prediction["steps"]] == [one, one, one]
+    # exp makes the new x while the old one is still bound: both are alive at once.
+    assert plan.peak_bytes == plan.prediction["peak_named_bytes"] == 2 * one
+    assert plan.total_bytes == 2 * one
+
+
+def test_rebinding_with_create_frees_the_old_tensors_first() -> None:
+    # The worker drops the name before it makes the new tensors (workers/scenario.py).
+    steps = [
+        {"do": "create", "name": "x", "shape": [1024]},
+        {"do": "create", "name": "x", "shape": [1024]},
+    ]
+    assert plan_scenario(steps, "float32", "cpu").peak_bytes == 4096
+
+
+def _issue_scenario(times: int) -> list[dict[str, object]]:
+    """The issue's 740-byte scenario: ten lists of 4,096, then thousands of cheap steps."""
+    creates = [{"do": "create", "name": f"t{i}", "shape": [1], "count": 4096} for i in range(10)]
+    return [*creates, {"do": "repeat", "times": times, "steps": [{"do": "empty_cache"}]}]
+
+
+def test_the_issues_scenario_is_planned_without_rescanning_every_name() -> None:
+    # 40,960 named tensors and 4,000 steps: the old planner summed every tensor after every
+    # step (164 million visits, 40 s); now each step costs what it touches.
+    plan = plan_scenario(_issue_scenario(4000), "float32", "cpu")
+    assert plan.peak_bytes == 40_960 * 4
+    assert plan.prediction["steps"][-1]["allocated_after"] == 40_960 * 4
+
+
+def test_a_scenario_past_the_work_bound_is_refused_naming_it() -> None:
+    steps = [
+        {
+            "do": "repeat",
+            "times": 19_000,
+            "steps": [{"do": "create", "name": "t", "shape": [1], "count": 4096}],
+        }
+    ]
+    with pytest.raises(CatalogError) as caught:
+        plan_scenario(steps, "float32", "cpu")
+    assert caught.value.field == "steps"
+    assert f"{MAX_TENSOR_STEPS:,} tensor-steps" in caught.value.message
+
+
+def _unrolled(steps: list[dict[str, object]]) -> list[dict[str, object]]:
+    """The same scenario with every repeat written out (one pass over a long block)."""
+    out: list[dict[str, object]] = []
+    for step in steps:
+        if step["do"] == "repeat":
+            body = _unrolled(step["steps"])  # type: ignore[arg-type]
+            out.append({"do": "repeat", "times": 1, "steps": body * step["times"]})  # type: ignore[operator]
+        else:
+            out.append(step)
+    return out
+
+
+_X = {"do": "create", "name": "x", "fn": "randn", "shape": [6, 4]}
+_BODIES: list[list[dict[str, object]]] = [
+    [{"do": "op", "name": "x", "fn": "exp", "args": ["x"]}],
+    [{"do": "op", "name": "x", "fn": "transpose_contiguous", "args": ["x"]}],  # period 2
+    [
+        {"do": "op", "name": "v", "fn": "narrow", "args": ["x"], "length": 1},
+        {"do": "op", "name": "x", "fn": "relu", "args": ["x"]},
+    ],
+    [
+        {"do": "create", "name": "xs", "shape": [100], "count": 9},
+        {"do": "delete", "name": "xs", "every": 3},
+        {"do": "op", "name": "y", "fn": "matmul", "args": ["x", "t"]},
+        {"do": "op", "fn": "add_", "args": ["x", "x"]},
+    ],
+    [
+        {"do": "move", "name": "h", "src": "x", "device": "cpu"},
+        {"do": "move", "name": "x", "src": "h", "device": "cuda:0", "dtype": "float16"},
+        {
+            "do": "repeat",
+            "times": 3,
+            "steps": [{"do": "op", "name": "s", "fn": "sum", "args": ["x"]}],
+        },
+    ],
+    [
+        {"do": "delete", "name": "ys", "every": 2},
+        {"do": "op", "name": "z", "fn": "mul", "args": ["x", "x"]},
+    ],
+]
+
+
+@pytest.mark.parametrize("body", _BODIES)
+@pytest.mark.parametrize("times", [1, 2, 3, 7, 50])
+def test_a_repeat_is_planned_as_if_every_iteration_ran(
+    body: list[dict[str, object]], times: int
+) -> None:
+    # The planner stops iterating once the state cycles; the figures must not change.
+    setup = [
+        _X,
+        {"do": "create", "name": "t", "shape": [4, 3]},
+        {"do": "create", "name": "ys", "shape": [16], "count": 40},
+    ]
+    steps = [*setup, {"do": "repeat", "times": times, "steps": body}, {"do": "delete", "name": "x"}]
+    fast, slow = (plan_scenario(s, "float32", "cuda:0") for s in (steps, _unrolled(steps)))
+    for plan in (fast, slow):  # the repeat's own title differs ("x50 (1 steps)")
+        for entry in plan.prediction["steps"]:
+            entry.pop("label")
+    assert fast.prediction == slow.prediction
+    assert (fast.peak_bytes, fast.total_bytes, fast.work) == (
+        slow.peak_bytes,
+        slow.total_bytes,
+        slow.work,
+    )

@@ -4,7 +4,9 @@ A spec with ``op: "scenario"`` carries ``steps`` instead of one op's shape and p
 Each step is a dict with ``do`` (create, op, move, pin, delete, empty_cache, synchronize,
 repeat) and its fields; names refer to tensors earlier steps made. Nothing is evaluated:
 every function a step names comes from the fixed tables below. The plan predicts the
-bytes the named tensors hold after each top-level step.
+bytes the named tensors hold after each top-level step, and the most they hold at once,
+inside a step included (``x = exp(x)`` holds the old and the new ``x`` for a moment).
+Planning is linear in what the steps touch, and that is bounded (MAX_TENSOR_STEPS).
 """
 
 from __future__ import annotations
@@ -24,6 +26,11 @@ MAX_TOP_STEPS = 64
 MAX_EXECUTED_STEPS = 20_000
 MAX_REPEAT_DEPTH = 2
 MAX_LIST = 4096
+# A spec's whole work, in tensor-steps: each step run counts 1 and each tensor it makes,
+# binds or frees counts 1 (a list of 4,096 made 20,000 times would be 82 million). The
+# worker does that work; the planner's own cost is linear in the steps it runs, and a
+# repeat block stops planning once its iterations repeat (see _repeat).
+MAX_TENSOR_STEPS = 300_000
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
 
 CREATE_FNS = ("empty", "zeros", "ones", "randn", "full")
@@ -48,37 +55,121 @@ _FIELDS: dict[str, set[str]] = {
 @dataclass
 class _Storage:
     key: int
-    nbytes: int
     device: str
+    block: int  # its bytes as the allocator rounds them on its device
 
 
 @dataclass
 class _Tensor:
     spec: TensorSpec
-    storage: _Storage
+    storage: _Storage  # shared with its views and with names bound to it
+
+
+@dataclass(frozen=True)
+class _Many:
+    """A list of alike tensors from one create with a count (or what delete left of it).
+    Each has its own storage and no other name can hold one (steps take single tensors),
+    so they are counted rather than kept one by one: a step on a list costs one unit."""
+
+    spec: TensorSpec
+    block: int
+    count: int
+
+
+_Value = _Tensor | _Many
+
+
+def _size(value: _Value | None) -> int:
+    return 0 if value is None else 1 if isinstance(value, _Tensor) else value.count
 
 
 @dataclass
 class _State:
+    """The named tensors, and the bytes their storages hold per device, kept up to date
+    as names are bound and dropped: each step costs what it touches, not every name."""
+
     dtype: str
     device: str
-    names: dict[str, list[_Tensor]] = field(default_factory=dict)
+    names: dict[str, _Value] = field(default_factory=dict)
     next_key: int = 0
     executed: int = 0
-    peak: int = 0
+    work: int = 0  # tensor-steps: steps run plus tensors bound or dropped
+    peak: int = 0  # the most held at once on the scenario's device, inside steps included
+    peak_all: int = 0  # the most held at once on every device together
+    refs: dict[int, int] = field(default_factory=dict)  # storage key -> names holding it
+    held: dict[str, int] = field(default_factory=dict)  # device -> bytes of live storages
 
     def new(self, shape: tuple[int, ...], dtype: str, device: str) -> _Tensor:
-        self.next_key += 1
         spec = TensorSpec("t", shape, dtype, device)
-        return _Tensor(spec, _Storage(self.next_key, spec.nbytes, device))
+        return self.tensor(spec)
+
+    def tensor(self, spec: TensorSpec) -> _Tensor:
+        self.next_key += 1
+        block = rounded_block_bytes(spec.nbytes, "cuda" if spec.device != "cpu" else "cpu")
+        return _Tensor(spec, _Storage(self.next_key, spec.device, block))
+
+    def charge(self, units: int, where: str) -> None:
+        self.work += units
+        if self.work > MAX_TENSOR_STEPS:
+            raise CatalogError(
+                "steps",
+                f"the scenario does too much: over {MAX_TENSOR_STEPS:,} tensor-steps by {where} "
+                f"(each step run counts 1, and each tensor it makes, binds to a name or frees "
+                f"counts 1); use fewer or shorter lists, or fewer repeats",
+            )
+
+    def bind(self, name: str, value: _Value, where: str) -> None:
+        """Bind ``name`` to a new value. It exists before the old one goes (``x = exp(x)``
+        holds both for a moment), so the peak is taken in between."""
+        old = self.names.get(name)
+        self.charge(_size(value) + _size(old), where)
+        self._hold(value, 1)
+        self.names[name] = value
+        self.mark()
+        if old is not None:
+            self._hold(old, -1)
+
+    def drop(self, name: str, where: str) -> None:
+        old = self.names.pop(name, None)
+        self.charge(_size(old), where)
+        if old is not None:
+            self._hold(old, -1)
 
     def live(self, device: str) -> int:
-        storages = {t.storage.key: t.storage for ts in self.names.values() for t in ts}
-        return sum(
-            rounded_block_bytes(s.nbytes, "cuda" if s.device != "cpu" else "cpu")
-            for s in storages.values()
-            if s.device == device
-        )
+        return self.held.get(device, 0)
+
+    def signature(self, names: frozenset[str]) -> tuple[Any, ...]:
+        """What the next iteration of a repeat block that binds ``names`` depends on: the
+        bytes held, and those names' tensors with how their storages are shared."""
+        keys: dict[int, int] = {}
+        out: list[Any] = [tuple(sorted(self.held.items()))]
+        for name in sorted(names):
+            value = self.names.get(name)
+            if value is None or isinstance(value, _Many):
+                out.append(value)
+                continue
+            key = value.storage.key
+            index = keys.setdefault(key, len(keys))
+            out.append((value.spec, value.storage.block, index, self.refs[key]))
+        return tuple(out)
+
+    def mark(self) -> None:
+        self.peak = max(self.peak, self.held.get(self.device, 0))
+        self.peak_all = max(self.peak_all, sum(self.held.values()))
+
+    def _hold(self, value: _Value, sign: int) -> None:
+        if isinstance(value, _Many):
+            device = value.spec.device
+            self.held[device] = self.held.get(device, 0) + sign * value.count * value.block
+            return
+        s = value.storage
+        n = self.refs.get(s.key, 0) + sign
+        if n:
+            self.refs[s.key] = n
+        else:
+            del self.refs[s.key]
+        if n == 0 or (n == 1 and sign > 0):
+            self.held[s.device] = self.held.get(s.device, 0) + sign * s.block
 
 
 def _get(step: Mapping[str, Any], key: str, where: str, kind: type, default: Any = None) -> Any:
@@ -108,10 +199,10 @@ def _name(step: Mapping[str, Any], key: str, where: str) -> str:
 def _one(state: _State, step: Mapping[str, Any], key: str, where: str, name: str) -> _Tensor:
     if name not in state.names:
         raise CatalogError(f"{where}.{key}", f"no tensor named {name!r} at this step")
-    values = state.names[name]
-    if len(values) != 1:
+    value = state.names[name]
+    if isinstance(value, _Many):
         raise CatalogError(f"{where}.{key}", f"{name!r} is a list; only delete takes a list")
-    return values[0]
+    return value
 
 
 def _device(value: Any, where: str) -> str:
@@ -142,9 +233,15 @@ def _create(state: _State, step: Mapping[str, Any], where: str) -> None:
     if _get(step, "pin_memory", where, bool, False) and device != "cpu":
         raise CatalogError(f"{where}.pin_memory", "only a tensor on the CPU can be pinned")
     _get(step, "value", where, float, 0.0)
-    state.names[_name(step, "name", where)] = [
-        state.new(shape, dtype, device) for _ in range(count)
-    ]
+    name = _name(step, "name", where)
+    # The worker frees what the name held before it makes the new tensors.
+    state.drop(name, where)
+    spec = TensorSpec("t", shape, dtype, device)
+    if count == 1:
+        state.bind(name, state.tensor(spec), where)
+    else:
+        block = rounded_block_bytes(spec.nbytes, "cuda" if device != "cpu" else "cpu")
+        state.bind(name, _Many(spec, block, count), where)
 
 
 def _op(state: _State, step: Mapping[str, Any], where: str) -> None:
@@ -174,7 +271,7 @@ def _op(state: _State, step: Mapping[str, Any], where: str) -> None:
     if fn in INPLACE_FNS:
         if broadcast(a.spec.shape, ts[1].spec.shape, f"{where}.args") != a.spec.shape:
             raise CatalogError(f"{where}.args", "the second operand must broadcast to the first")
-        state.names[out_name] = [a]
+        state.bind(out_name, a, where)
         return
     if fn in BINARY_FNS:
         f = broadcast if fn != "matmul" else matmul_shape
@@ -192,16 +289,15 @@ def _op(state: _State, step: Mapping[str, Any], where: str) -> None:
             raise CatalogError(f"{where}.length", "start + length must lie within the dim")
         view_shape = tuple(length if i == d else n for i, n in enumerate(a.spec.shape))
         # A view: same storage as its base, which it keeps alive.
-        state.names[out_name] = [
-            _Tensor(TensorSpec("t", view_shape, a.spec.dtype, a.spec.device), a.storage)
-        ]
+        view = _Tensor(TensorSpec("t", view_shape, a.spec.dtype, a.spec.device), a.storage)
+        state.bind(out_name, view, where)
         return
     else:
         shape = a.spec.shape
     dtype = a.spec.dtype
     if fn == "sum" and dtype in ("bool", "uint8", "int8", "int16", "int32"):
         dtype = "int64"
-    state.names[out_name] = [state.new(shape, dtype, a.spec.device)]
+    state.bind(out_name, state.new(shape, dtype, a.spec.device), where)
 
 
 def _move(state: _State, step: Mapping[str, Any], where: str) -> None:
@@ -211,14 +307,15 @@ def _move(state: _State, step: Mapping[str, Any], where: str) -> None:
     _get(step, "non_blocking", where, bool, False)
     same = device == src.spec.device and dtype == src.spec.dtype
     moved = src if same else state.new(src.spec.shape, dtype, device)
-    state.names[_name(step, "name", where)] = [moved]
+    state.bind(_name(step, "name", where), moved, where)
 
 
 def _pin(state: _State, step: Mapping[str, Any], where: str) -> None:
     src = _one(state, step, "src", where, _name(step, "src", where))
     if src.spec.device != "cpu":
         raise CatalogError(f"{where}.src", "only a tensor on the CPU can be pinned")
-    state.names[_name(step, "name", where)] = [state.new(src.spec.shape, src.spec.dtype, "cpu")]
+    pinned = state.new(src.spec.shape, src.spec.dtype, "cpu")
+    state.bind(_name(step, "name", where), pinned, where)
 
 
 def _delete(state: _State, step: Mapping[str, Any], where: str) -> None:
@@ -227,13 +324,21 @@ def _delete(state: _State, step: Mapping[str, Any], where: str) -> None:
         raise CatalogError(f"{where}.name", f"no tensor named {name!r} at this step")
     every = step.get("every")
     if every is None:
-        del state.names[name]
+        state.drop(name, where)
         return
     every = _get(step, "every", where, int)
     if every < 1:
         raise CatalogError(f"{where}.every", "must be >= 1")
     # Delete elements 0, every, 2*every, ...: the rest stay, leaving holes between them.
-    state.names[name] = [t for i, t in enumerate(state.names[name]) if i % every]
+    value = state.names[name]
+    left = _size(value) - -(-_size(value) // every)
+    state.drop(name, where)  # what stays is part of what was there: no new peak
+    if left == 1 and isinstance(value, _Many):
+        state.bind(name, state.tensor(value.spec), where)  # one alike tensor: a single
+    else:
+        spec = value.spec
+        block = value.block if isinstance(value, _Many) else value.storage.block
+        state.bind(name, _Many(spec, block, left), where)
 
 
 def _run(state: _State, steps: Any, where: str, depth: int) -> list[dict[str, Any]]:
@@ -262,20 +367,20 @@ def _run(state: _State, steps: Any, where: str, depth: int) -> list[dict[str, An
         state.executed += 1
         if state.executed > MAX_EXECUTED_STEPS:
             raise CatalogError(where, f"runs more than {MAX_EXECUTED_STEPS} steps in all")
+        state.charge(1, at)
         if kind == "repeat":
             if depth + 1 > MAX_REPEAT_DEPTH:
                 raise CatalogError(at, f"repeat blocks nest at most {MAX_REPEAT_DEPTH} deep")
             times = _get(step, "times", at, int)
             if not 1 <= times <= MAX_EXECUTED_STEPS:
                 raise CatalogError(f"{at}.times", f"must be between 1 and {MAX_EXECUTED_STEPS}")
-            for _ in range(times):
-                _run(state, step.get("steps"), f"{at}.steps", depth + 1)
+            _repeat(state, step.get("steps"), times, at, depth + 1)
         elif kind in ("create", "op", "move", "pin", "delete"):
             {"create": _create, "op": _op, "move": _move, "pin": _pin, "delete": _delete}[kind](
                 state, step, at
             )
+        state.mark()
         live = state.live(state.device)
-        state.peak = max(state.peak, live)
         if depth == 0:
             out.append(
                 {
@@ -285,6 +390,49 @@ def _run(state: _State, steps: Any, where: str, depth: int) -> list[dict[str, An
                 }
             )
     return out
+
+
+def _repeat(state: _State, steps: Any, times: int, at: str, depth: int) -> None:
+    """Run a repeat block's steps ``times`` times, but stop once the state after an
+    iteration matches the state after an earlier one: from there the iterations cycle
+    (same tensors, same bytes, same peaks), so the rest are counted, not planned."""
+    where = f"{at}.steps"
+    _run(state, steps, where, depth)  # the first iteration validates the steps
+    bound = _bound_names(steps)
+    seen: dict[tuple[Any, ...], tuple[int, int, int]] = {}
+    done = 1
+    while done < times:
+        sig = state.signature(bound)
+        if sig in seen:
+            first, executed, work = seen[sig]
+            period = done - first
+            cycles = (times - done) // period
+            per_executed, per_work = state.executed - executed, state.work - work
+            state.executed += cycles * per_executed
+            if state.executed > MAX_EXECUTED_STEPS:
+                raise CatalogError(where, f"runs more than {MAX_EXECUTED_STEPS} steps in all")
+            state.charge(cycles * per_work, at)
+            done += cycles * period
+            seen.clear()  # what is left (less than a period) runs step by step
+            if done >= times:
+                break
+        else:
+            seen[sig] = (done, state.executed, state.work)
+        _run(state, steps, where, depth)
+        done += 1
+
+
+def _bound_names(steps: list[dict[str, Any]]) -> frozenset[str]:
+    """The names a (validated) block of steps binds or drops, nested blocks included."""
+    found: set[str] = set()
+    for step in steps:
+        if step["do"] == "repeat":
+            found |= _bound_names(step["steps"])
+        elif step["do"] in ("create", "move", "pin", "delete"):
+            found.add(step["name"])
+        elif step["do"] == "op":
+            found.add(step.get("name") or step["args"][0])
+    return frozenset(found)
 
 
 def step_title(step: Mapping[str, Any]) -> str:
@@ -316,6 +464,7 @@ class ScenarioPlan:
     peak_bytes: int  # the most the named tensors hold at once, on the scenario's device
     total_bytes: int  # the most held on every device at once, for the service's cap
     prediction: dict[str, Any]
+    work: int  # what planning cost: steps run plus tensors bound or dropped
 
 
 def plan_scenario(steps: Any, dtype: str, device: str) -> ScenarioPlan:
@@ -325,7 +474,9 @@ def plan_scenario(steps: Any, dtype: str, device: str) -> ScenarioPlan:
     per_step = _run(state, steps, "steps", 0)
     devices = {device} | _walk_creates(steps)
     finals = state.live(device)
-    total = state.peak + sum(state.live(d) for d in devices if d != device)
+    # The scenario's device at its peak beside the others at the end, or all devices'
+    # most at once, whichever is more: the figure the service's byte cap is checked on.
+    total = max(state.peak + sum(state.live(d) for d in devices if d != device), state.peak_all)
     caveats = [
         "temporaries inside a step, library workspaces and the allocator's segments "
         "are measured, not predicted",
@@ -346,7 +497,7 @@ def plan_scenario(steps: Any, dtype: str, device: str) -> ScenarioPlan:
         "exact": False,
         "caveats": caveats,
     }
-    return ScenarioPlan(steps, tuple(sorted(devices)), state.peak, total, prediction)
+    return ScenarioPlan(steps, tuple(sorted(devices)), state.peak, total, prediction, state.work)
 
 
 def _walk_creates(steps: list[Any]) -> set[str]:

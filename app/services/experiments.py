@@ -19,15 +19,14 @@ from app.schemas.experiment import ExperimentError, ExperimentOut, QueueInfo
 from app.schemas.spec import ExperimentSpec
 from app.services import workers
 from app.services.signals import WorkSignal
-from app.services.specs import accept
+from app.services.specs import AcceptedSpec
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 
 
 def submit(
     session: Session,
-    spec: ExperimentSpec,
-    settings: Settings,
+    accepted: AcceptedSpec,
     signal: WorkSignal,
     now: datetime,
     *,
@@ -35,8 +34,8 @@ def submit(
     idempotency_key: str | None = None,
     preset: str | None = None,
 ) -> Experiment:
-    """Queue a spec in the caller's transaction; waiting workers wake once it commits."""
-    accepted = accept(with_device(session, spec, settings, now), settings)
+    """Queue an accepted spec in the caller's transaction; waiting workers wake once it
+    commits. The spec was planned (``specs.accept``) before the transaction began."""
     s = accepted.spec
     exp = Experiment(
         id=str(uuid.uuid4()),
@@ -107,7 +106,7 @@ def _by_key(session: Session, scoped_key: str) -> Experiment | None:
 
 def submit_once(
     session: Session,
-    spec: ExperimentSpec,
+    accepted: AcceptedSpec,
     settings: Settings,
     signal: WorkSignal,
     now: datetime,
@@ -127,8 +126,7 @@ def submit_once(
         with session.begin_nested():
             exp = submit(
                 session,
-                spec,
-                settings,
+                accepted,
                 signal,
                 now,
                 submitted_by=submitted_by,

@@ -13,6 +13,7 @@ from app.schemas.preset import PresetOut, PresetRun
 from app.schemas.spec import ExperimentSpec
 from app.services import experiments, workers
 from app.services.signals import WorkSignal
+from app.services.specs import accept
 
 
 def _preset(name: str) -> Preset:
@@ -57,6 +58,7 @@ def queue(
             )
     spec = spec_of(name, run, device)
     experiments.check_quota(session, submitted_by, settings)
+    accepted = accept(spec, settings)  # a preset is small: planning it here is cheap
     return experiments.submit(
-        session, spec, settings, signal, now, submitted_by=submitted_by, preset=name
+        session, accepted, signal, now, submitted_by=submitted_by, preset=name
     )

@@ -1,11 +1,16 @@
-"""Turning a submitted spec into an accepted one: catalog checks, limits, requirements."""
+"""Turning a submitted spec into an accepted one: catalog checks, limits, requirements.
 
+This is the CPU-bound part of a submit (a scenario is planned step by step), so callers
+do it before they open the write transaction that queues the result.
+"""
+
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from app.catalog import CatalogError, get_op, parse_device, plan_spec
 from app.catalog.dtypes import DTYPES
-from app.catalog.scenario import SCENARIO, plan_scenario
+from app.catalog.scenario import SCENARIO, ScenarioPlan, plan_scenario
 from app.core.config import Settings
 from app.errors import InvalidSpec
 from app.schemas.spec import ExperimentSpec
@@ -18,6 +23,12 @@ class AcceptedSpec:
     gpus_needed: int  # how many GPUs a worker needs: the highest cuda index named, plus one
     predicted_bytes: int
     prediction: dict[str, Any]
+    plan_work: int = 0  # a scenario's planning cost in tensor-steps (0 for one op)
+
+
+# Scenario plans by (steps as JSON, dtype, device): a sweep whose points share their steps
+# plans them once.
+PlanCache = dict[tuple[str, str, str], ScenarioPlan]
 
 
 def _human(n: int) -> str:
@@ -35,25 +46,37 @@ class _Planned:
     total_bytes: int
     devices: tuple[str, ...]
     prediction: dict[str, Any]
+    work: int = 0
 
 
-def _plan(spec: ExperimentSpec, device: str) -> _Planned:
+def _plan(spec: ExperimentSpec, device: str, cache: PlanCache | None) -> _Planned:
     """One op's plan, or a scenario's from its steps (``op: "scenario"``)."""
     if spec.op == SCENARIO.name:
         if spec.steps is None:
             raise CatalogError("steps", "a scenario needs steps")
         params = SCENARIO.check_params(spec.params)
-        scenario = plan_scenario(spec.steps, spec.dtype, device)
-        return _Planned(params, scenario.total_bytes, scenario.devices, scenario.prediction)
+        key = (json.dumps(spec.steps, sort_keys=True), spec.dtype, device)
+        cached = cache.get(key) if cache is not None else None
+        scenario = cached or plan_scenario(spec.steps, spec.dtype, device)
+        if cache is not None:
+            cache[key] = scenario
+        work = 0 if cached else scenario.work
+        return _Planned(params, scenario.total_bytes, scenario.devices, scenario.prediction, work)
     if spec.steps is not None:
         raise CatalogError("steps", f"only op 'scenario' takes steps, not {spec.op!r}")
     params, plan = plan_spec(spec.op, tuple(spec.shape), spec.params, spec.dtype, device)
     return _Planned(params, plan.total_bytes, plan.devices, plan.prediction(device))
 
 
-def accept(spec: ExperimentSpec, settings: Settings) -> AcceptedSpec:
+def accept(
+    spec: ExperimentSpec, settings: Settings, cache: PlanCache | None = None
+) -> AcceptedSpec:
     """Check a spec against the catalog and the limits; raise InvalidSpec naming every
-    field that is wrong (all at once, so a client fixes them in one go)."""
+    field that is wrong (all at once, so a client fixes them in one go).
+
+    ``cache`` lets a sweep plan each distinct scenario once (``plan_work`` is then 0 for
+    the points that reuse a plan).
+    """
     problems: list[tuple[str, str]] = []
     try:
         entry = get_op(spec.op)
@@ -79,7 +102,7 @@ def accept(spec: ExperimentSpec, settings: Settings) -> AcceptedSpec:
     if problems:
         raise InvalidSpec(*problems[0], *problems[1:])
     try:
-        plan = _plan(spec, device)
+        plan = _plan(spec, device, cache)
     except CatalogError as exc:
         raise InvalidSpec(exc.field, exc.message) from None
 
@@ -97,4 +120,5 @@ def accept(spec: ExperimentSpec, settings: Settings) -> AcceptedSpec:
         gpus_needed=max(cuda_indexes) + 1 if cuda_indexes else 0,
         predicted_bytes=plan.total_bytes,
         prediction=plan.prediction,
+        plan_work=plan.work,
     )

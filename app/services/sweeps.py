@@ -1,7 +1,8 @@
 """Sweeps: a base spec and a grid; every point of the grid's product is an experiment.
 
 Every point is validated as POST /v1/experiments would validate it before any is queued,
-so a sweep is queued whole or not at all (one transaction).
+so a sweep is queued whole or not at all (one transaction). Points are planned before that
+transaction begins (``plan``), each distinct scenario once, within one budget of work.
 """
 
 import csv
@@ -10,6 +11,7 @@ import itertools
 import math
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,17 +19,20 @@ from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from app.catalog.scenario import MAX_TENSOR_STEPS
 from app.core.config import Settings
 from app.errors import InvalidSpec, NotFound
 from app.models import Experiment, Sweep
 from app.plots.chart import Chart, Line
 from app.schemas.results import SweepIn, SweepOut, SweepRow
 from app.schemas.spec import ExperimentSpec
-from app.services import experiments, workers
+from app.services import experiments
 from app.services.signals import WorkSignal
-from app.services.specs import accept
+from app.services.specs import AcceptedSpec, PlanCache, accept
 
 MAX_POINTS = 1000
+# A sweep's points may together cost what a few of the heaviest single scenarios cost.
+MAX_SWEEP_TENSOR_STEPS = 4 * MAX_TENSOR_STEPS
 MAX_VALUES = 200
 TOP_LEVEL = ("shape", "dtype", "device", "repeat", "warmup", "trace")
 
@@ -86,22 +91,21 @@ def _point_error(i: int, values: dict[str, Any], field: str, message: str) -> In
     return InvalidSpec(f"points[{i}].{field}", f"{message} (grid point {i}: {where})")
 
 
-def create(
-    session: Session,
-    body: SweepIn,
-    settings: Settings,
-    signal: WorkSignal,
-    now: datetime,
-    submitted_by: str | None = None,
-) -> Sweep:
+def plan(
+    body: SweepIn, settings: Settings, default_device: Callable[[], str]
+) -> list[AcceptedSpec]:
+    """Every point accepted, in grid order; a 422 names the first point that is not.
+    ``default_device`` gives the device for points that name none (asked at most once:
+    every such point gets the same)."""
     grid_points = points(body)
     if any(raw.get("device") is None for _, raw in grid_points):
-        # One look at the live workers for the whole sweep: every point gets the same.
-        chosen = workers.default_device(session, now, settings.worker_live_seconds)
+        chosen = default_device()
         for _, raw in grid_points:
             if raw.get("device") is None:
                 raw["device"] = chosen
-    specs: list[ExperimentSpec] = []
+    cache: PlanCache = {}
+    work = 0
+    accepted: list[AcceptedSpec] = []
     for i, (values, raw) in enumerate(grid_points):
         try:
             spec = ExperimentSpec.model_validate(raw)
@@ -110,29 +114,50 @@ def create(
             field = ".".join(str(p) for p in first["loc"]) or "spec"
             raise _point_error(i, values, field, first["msg"]) from None
         try:
-            accept(spec, settings)
+            point = accept(spec, settings, cache)
         except InvalidSpec as exc:
             detail = exc.details[0] if exc.details else {"field": "spec", "message": exc.message}
             raise _point_error(i, values, detail["field"], detail["message"]) from None
-        specs.append(spec)
-    experiments.check_quota(session, submitted_by, settings, adding=len(specs))
+        work += point.plan_work
+        if work > MAX_SWEEP_TENSOR_STEPS:
+            raise _point_error(
+                i,
+                values,
+                "steps",
+                f"the sweep's distinct scenarios cost over {MAX_SWEEP_TENSOR_STEPS:,} tensor-steps "
+                f"to plan in all; sweep fewer points or lighter scenarios",
+            )
+        accepted.append(point)
+    return accepted
+
+
+def create(
+    session: Session,
+    body: SweepIn,
+    planned: list[AcceptedSpec],
+    settings: Settings,
+    signal: WorkSignal,
+    now: datetime,
+    submitted_by: str | None = None,
+) -> Sweep:
+    """Queue a planned sweep (``plan``) in the caller's transaction."""
+    experiments.check_quota(session, submitted_by, settings, adding=len(planned))
     sweep = Sweep(
         id=str(uuid.uuid4()),
         spec=body.spec,
         grid=body.grid,
-        n_points=len(specs),
+        n_points=len(planned),
         submitted_by=submitted_by,
         created_at=now,
     )
     session.add(sweep)
     session.flush()  # the sweep row first: experiments refer to it
-    for i, spec in enumerate(specs):
+    for i, point in enumerate(planned):
         # One microsecond apart: the points keep the grid's order in the queue (oldest
         # first) and in the sweep's table, with no column for a point's index.
         exp = experiments.submit(
             session,
-            spec,
-            settings,
+            point,
             signal,
             now + timedelta(microseconds=i),
             submitted_by=submitted_by,

@@ -2,27 +2,55 @@
 
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Depends, Header, Query, Response
 
-from app.api.deps import ExperimentDep, NowDep, SessionDep, SettingsDep, SignalDep, require
+from app.api.deps import (
+    ExperimentDep,
+    NowDep,
+    SessionDep,
+    SettingsDep,
+    SignalDep,
+    get_db,
+    require,
+)
+from app.core.db import Database
 from app.errors import ERROR_RESPONSES
 from app.schemas.experiment import ExperimentOut, ExperimentPage, Status
 from app.schemas.spec import ExperimentSpec
 from app.services import experiments
 from app.services.auth import Principal
+from app.services.specs import AcceptedSpec, accept
 
 router = APIRouter(prefix="/v1/experiments", tags=["experiments"], responses=ERROR_RESPONSES)
 
 
+def accepted_spec(
+    spec: ExperimentSpec,
+    db: Annotated[Database, Depends(get_db)],
+    settings: SettingsDep,
+    now: NowDep,
+) -> AcceptedSpec:
+    """The spec checked and planned. A dependency that handlers list before SessionDep
+    (FastAPI resolves them in order): planning runs before the write transaction opens.
+    A spec with no device gets one from the live workers, in a short read session."""
+    if spec.device is None:
+        with db.session(write=False) as s:
+            spec = experiments.with_device(s, spec, settings, now)
+    return accept(spec, settings)
+
+
+AcceptedDep = Annotated[AcceptedSpec, Depends(accepted_spec)]
+
+
 @router.post("", status_code=202, response_model=ExperimentOut, summary="Queue an experiment")
 def submit(
-    spec: ExperimentSpec,
+    who: Annotated[Principal, require("submit")],  # first: nothing is planned for a 401
+    spec: AcceptedDep,  # before the session: planned outside the write transaction
     s: SessionDep,
     settings: SettingsDep,
     signal: SignalDep,
     now: NowDep,
     response: Response,
-    who: Annotated[Principal, require("submit")],
     idempotency_key: Annotated[
         str | None,
         Header(

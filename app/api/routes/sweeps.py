@@ -2,32 +2,51 @@
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, Depends, Path
 from fastapi.responses import PlainTextResponse, Response
 
-from app.api.deps import NowDep, SessionDep, SettingsDep, SignalDep, require
+from app.api.deps import NowDep, SessionDep, SettingsDep, SignalDep, get_db, require
 from app.api.figures import FIGURE_RESPONSES, FigureFormat, respond
+from app.core.db import Database
 from app.errors import ERROR_RESPONSES
 from app.schemas.results import SweepIn, SweepOut
-from app.services import sweeps
+from app.services import sweeps, workers
 from app.services.auth import Principal
+from app.services.specs import AcceptedSpec
 
 router = APIRouter(prefix="/v1/sweeps", tags=["sweeps"], responses=ERROR_RESPONSES)
 SweepId = Annotated[str, Path(max_length=64)]
 
 
+def planned_sweep(
+    body: SweepIn,
+    db: Annotated[Database, Depends(get_db)],
+    settings: SettingsDep,
+    now: NowDep,
+) -> tuple[SweepIn, list[AcceptedSpec]]:
+    """Every point checked and planned, before the handler's SessionDep opens the write
+    transaction (FastAPI resolves dependencies in the order the handler lists them)."""
+
+    def default_device() -> str:  # for points with no device: a short read session
+        with db.session(write=False) as s:
+            return workers.default_device(s, now, settings.worker_live_seconds)
+
+    return body, sweeps.plan(body, settings, default_device)
+
+
 @router.post("", status_code=202, response_model=SweepOut, summary="Queue a grid of experiments")
 def create(
-    body: SweepIn,
+    who: Annotated[Principal, require("submit")],
+    planned: Annotated[tuple[SweepIn, list[AcceptedSpec]], Depends(planned_sweep)],
     s: SessionDep,
     settings: SettingsDep,
     signal: SignalDep,
     now: NowDep,
-    who: Annotated[Principal, require("submit")],
 ) -> SweepOut:
     """Every point is checked as ``POST /v1/experiments`` checks a spec; if one is invalid,
     nothing is queued and the 422 names the point and the field."""
-    sweep = sweeps.create(s, body, settings, signal, now, submitted_by=who.id)
+    body, points = planned
+    sweep = sweeps.create(s, body, points, settings, signal, now, submitted_by=who.id)
     s.flush()
     return sweeps.read(s, sweep)
 
