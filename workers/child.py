@@ -26,7 +26,7 @@ import torch
 import torch._dynamo
 import torch.profiler
 
-from workers import allocator, notes, scenario, sections
+from workers import allocator, limits, notes, scenario, sections
 from workers.errors import OpFailure, call, classify, error, oom_details
 from workers.measure import Meter, fill_from_events
 from workers.ops import Inputs, Op, OpContext, as_tuple, op_for, torch_dtype
@@ -35,7 +35,7 @@ from workers.result import build_result
 from workers.tracer import Tracer, make_tracer, write_events
 
 # Failures whose figures are results worth keeping (the others carry only the error).
-_KEEP_RESULT = ("oom", "device_mismatch", "autograd_error")
+_KEEP_RESULT = ("oom", "memory_limit", "device_mismatch", "autograd_error")
 
 
 @dataclass
@@ -89,6 +89,7 @@ def run_experiment(spec: dict[str, Any], trace_path: Path | None, t0_ns: int) ->
             "error": classify(failure.cause, spec),
         }
     rss_after_init = psutil.Process().memory_info().rss
+    limits.apply(spec, device)  # the service's byte cap, held from here to the end
     init_rss = (rss_before_init, rss_after_init) if device.type == "cuda" else None
     meter = Meter(device)
     tracer = make_tracer(
@@ -128,8 +129,8 @@ def run_experiment(spec: dict[str, Any], trace_path: Path | None, t0_ns: int) ->
     if details:
         result["details"] = details
     err = body.error
-    if err is not None and err["type"] == "oom":
-        err["details"].update(oom_details(err["message"], meter.phases))
+    if err is not None and err["type"] in ("oom", "memory_limit"):
+        err["details"] = {**oom_details(err["message"], meter.phases), **err["details"]}
     result["notes"] = notes.write(spec, result, trace.events, err, init_rss)
     count = 0
     if spec.get("trace", "events") == "none":

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from workers import limits
 from workers.measure import PhaseRecord
 
 _UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
@@ -58,7 +59,10 @@ def classify(
     """Turn an exception raised by PyTorch in an op into one of our error types."""
     message = str(exc)
     name = {"exception": type(exc).__name__}
-    if isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in message:
+    if isinstance(exc, torch.OutOfMemoryError | MemoryError) or "can't allocate memory" in message:
+        capped = limits.explain(exc, spec)
+        if capped is not None:
+            return capped
         failed = error(
             "oom", exc, "use a smaller shape or dtype, or free memory on the device", name
         )

@@ -34,7 +34,7 @@ def write(
             f"are those at that moment."
         )
         asked = error["details"].get("requested_bytes")
-        if error["type"] == "oom" and asked is not None:
+        if error["type"] in ("oom", "memory_limit") and asked is not None:
             rounded = error["details"].get("requested_is_approximate")
             notes.append(
                 f"PyTorch asked for {asked:,} bytes"

@@ -14,6 +14,7 @@ ErrorType = Literal[
     "device_mismatch",
     "autograd_error",
     "oom",
+    "memory_limit",
     "crashed",
     "timeout",
     "lost",

@@ -47,7 +47,8 @@ class ClaimedExperiment(BaseModel):
     lease_token: str
     lease_expires_at: datetime
     spec: dict[str, Any] = Field(
-        description="the validated spec, params filled, with its prediction"
+        description="the validated spec, params filled, with its prediction and the "
+        "service's byte cap (`memory_limit_bytes`), which the worker holds the run to"
     )
 
 

@@ -99,6 +99,27 @@ def test_failure_is_recorded_with_its_type(client: httpx.Client) -> None:
     }
 
 
+def test_a_claim_carries_the_byte_cap_and_memory_limit_is_recorded(database_url: str) -> None:
+    with LiveServer(make_settings(database_url, max_experiment_bytes=64 * 2**20)) as live:
+        with httpx.Client(base_url=live.url) as c:
+            exp = submit(c)
+            got = claim(c, register(c))
+            assert got is not None
+            # The worker holds the run to the cap, not only the plan (workers/limits.py).
+            assert got["spec"]["memory_limit_bytes"] == 64 * 2**20
+            error = {
+                "type": "memory_limit",
+                "message": "the run asked for 961.0 MiB on the CPU",
+                "details": {"limit_bytes": 64 * 2**20, "requested_bytes": 1_007_681_536},
+            }
+            body = {"lease_token": got["lease_token"], "status": "failed", "error": error}
+            posted = c.post(f"/v1/worker/experiments/{got['id']}/result", json=body)
+            assert posted.status_code == 200, posted.text
+            done = c.get(f"/v1/experiments/{exp['id']}").json()
+            assert done["error"]["type"] == "memory_limit"
+            assert done["error"]["details"]["limit_bytes"] == 64 * 2**20
+
+
 def _events(n: int, start: int = 0) -> list[dict[str, Any]]:
     return [
         {

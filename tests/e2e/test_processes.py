@@ -37,10 +37,19 @@ def cuda_service(tmp_path: Path) -> Iterator[str]:
     yield from _service(f"sqlite:///{tmp_path / 'cuda.db'}", tmp_path, "cuda")
 
 
-def _service(database_url: str, tmp_path: Path, device: str) -> Iterator[str]:
+@pytest.fixture
+def capped_service(tmp_path: Path) -> Iterator[str]:
+    """The CPU service with VRAMLAB_MAX_EXPERIMENT_BYTES at 64 MiB."""
+    url = f"sqlite:///{tmp_path / 'capped.db'}"
+    yield from _service(url, tmp_path, "cpu", VRAMLAB_MAX_EXPERIMENT_BYTES=str(64 * 2**20))
+
+
+def _service(database_url: str, tmp_path: Path, device: str, **extra: str) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    env = env_for(database_url, VRAMLAB_DIAGNOSTIC_OPS="true", VRAMLAB_CLAIM_WAIT_SECONDS="5")
+    env = env_for(
+        database_url, VRAMLAB_DIAGNOSTIC_OPS="true", VRAMLAB_CLAIM_WAIT_SECONDS="5", **extra
+    )
     logs = tmp_path / "logs"
     logs.mkdir()
     api = subprocess.Popen(
@@ -107,6 +116,31 @@ def test_a_crashing_child_fails_and_the_worker_goes_on(service: str) -> None:
         crashed = wait_done(client, crash["id"])
         assert crashed["status"] == "failed" and crashed["error"]["type"] == "crashed"
         assert wait_done(client, after["id"])["status"] == "succeeded"
+
+
+def test_the_byte_cap_holds_on_the_run_and_the_worker_goes_on(capped_service: str) -> None:
+    # The issue's case: predicted at about 2.6 MB, float64 conv2d on the CPU asks for
+    # 1 GB of im2col. At a 64 MiB cap the child is stopped by its OS limit, not the host.
+    conv = {
+        "op": "conv2d",
+        "shape": [1, 8, 128, 128],
+        "dtype": "float64",
+        "device": "cpu",
+        "params": {"out_channels": 8, "kernel_size": 31, "padding": 15},
+    }
+    with httpx.Client(base_url=capped_service, timeout=30) as client:
+        first = client.post("/v1/experiments", json=conv)
+        assert first.status_code == 202, first.text
+        after = client.post(
+            "/v1/experiments", json={"op": "add", "shape": [512, 512], "device": "cpu"}
+        )
+        capped = wait_done(client, first.json()["id"])
+        assert capped["status"] == "failed"
+        assert capped["error"]["type"] == "memory_limit", capped["error"]
+        assert capped["error"]["details"]["limit_bytes"] == 64 * 2**20
+        assert capped["error"]["details"]["requested_bytes"] > 64 * 2**20
+        assert capped["result"]["memory"]["host_rss_after"] is not None  # figures kept
+        assert wait_done(client, after.json()["id"])["status"] == "succeeded"
 
 
 def readme_bodies() -> list[dict[str, Any]]:

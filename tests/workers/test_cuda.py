@@ -138,3 +138,21 @@ def test_another_backend_runs_in_a_fresh_interpreter(
     assert result["environment"]["allocator_conf"] == "backend:cudaMallocAsync"
     assert result["memory"]["delta_allocated"] >= 4_000_000
     assert any("fresh interpreter" in note for note in result["notes"])
+
+
+def test_the_byte_cap_holds_on_the_caching_allocator(runner: Runner) -> None:
+    # The API would refuse this at a 64 MiB cap (two 64 MiB inputs); a worker given it
+    # anyway stops it at the allocator, with the figures so far, and runs the next one.
+    cap = 64 * 2**20
+    outcome = runner.run(build_spec("add", [4096, 4096], device="cuda:0", memory_limit_bytes=cap))
+    assert outcome.status == "failed"
+    assert outcome.error is not None and outcome.error["type"] == "memory_limit", outcome.error
+    details = outcome.error["details"]
+    assert details["mechanism"] == "cuda_memory_fraction"
+    assert details["limit_bytes"] == cap
+    assert details["requested_bytes"] == 4096 * 4096 * 4
+    assert details["reserved_bytes"] <= cap
+    assert outcome.result is not None
+    assert outcome.result["memory"]["reserved_peak"] <= cap
+    after = runner.run(build_spec("add", [1024, 1024], device="cuda:0", memory_limit_bytes=cap))
+    assert succeeded(after)["memory"]["delta_allocated"] == 1024 * 1024 * 4

@@ -45,8 +45,13 @@ router = APIRouter(
 )
 
 
-def spec_for_worker(exp: Experiment) -> dict[str, object]:
-    return {**experiments.run_fields(exp), "prediction": exp.prediction}
+def spec_for_worker(exp: Experiment, settings: Settings) -> dict[str, object]:
+    # The byte cap goes with the spec: the worker holds the run to it, not only the plan.
+    return {
+        **experiments.run_fields(exp),
+        "prediction": exp.prediction,
+        "memory_limit_bytes": settings.max_experiment_bytes,
+    }
 
 
 @router.post("/register", response_model=RegisterResponse)
@@ -75,7 +80,7 @@ def _try_claim(db: Database, worker_id: str, settings: Settings) -> ClaimedExper
             attempt=exp.attempts,
             lease_token=claim.lease_token,
             lease_expires_at=exp.lease_expires_at,
-            spec=spec_for_worker(exp),
+            spec=spec_for_worker(exp, settings),
         )
 
 

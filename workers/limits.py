@@ -1,0 +1,152 @@
+"""The service's byte cap (VRAMLAB_MAX_EXPERIMENT_BYTES), held while the child runs.
+
+The API refuses a spec whose planned tensors pass the cap, but an op can use far more
+than its tensors (conv2d's im2col on the CPU: 1 GB for a 2.6 MB prediction). The claimed
+spec carries the cap as ``memory_limit_bytes``; ``apply`` limits the child before it runs
+the experiment, and ``explain`` turns the allocation failure that the limit causes into a
+``memory_limit`` error that says what the cap was and what was asked.
+
+- CUDA: the caching allocator of each GPU the spec uses may reserve at most the cap
+  (``torch.cuda.set_per_process_memory_fraction``); passing it raises PyTorch's
+  OutOfMemoryError while the device still has room.
+- CPU: the child's data segment (RLIMIT_DATA: heap and private writable mappings, where
+  every CPU tensor lives) may grow by at most the cap plus ``CPU_ALLOWANCE`` past what it
+  uses now; malloc then fails and PyTorch raises "can't allocate memory". Only the soft
+  limit is set, in this child alone: the worker and the forkserver keep theirs. A CUDA
+  experiment's host memory is not limited this way (the driver maps memory of its own).
+"""
+
+from __future__ import annotations
+
+import re
+import resource
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from app.contract import ErrorType
+
+# Room past the cap on the CPU for what the child needs besides the experiment's tensors
+# (profiler events, library workspaces, building the report).
+CPU_ALLOWANCE = 64 * 2**20
+_REQUESTED = re.compile(r"(?:allocate|Tried to allocate) ([\d.]+) ?(bytes|B|KiB|MiB|GiB|TiB)")
+_GPU = re.compile(r"GPU (\d+) has a total capacity")
+_UNITS = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+@dataclass
+class Limit:
+    cap: int  # bytes
+    cpu_ceiling: int | None = None  # the RLIMIT_DATA soft limit set, if any
+    cpu_base: int = 0  # the child's data segment when the limit was set
+    cuda: list[int] = field(default_factory=list)  # GPU indexes whose allocator is capped
+
+
+_active: Limit | None = None
+
+
+def apply(spec: dict[str, Any], device: torch.device) -> Limit | None:
+    """Limit this child to the spec's ``memory_limit_bytes`` (absent: no limit)."""
+    global _active
+    cap = spec.get("memory_limit_bytes")
+    if not isinstance(cap, int) or isinstance(cap, bool) or cap <= 0:
+        return None
+    limit = Limit(cap)
+    devices = {str(device), *((spec.get("prediction") or {}).get("devices") or [])}
+    cuda = sorted({torch.device(d).index or 0 for d in devices if d.startswith("cuda")})
+    if cuda:
+        for index in cuda:
+            total = torch.cuda.get_device_properties(index).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), index)
+        limit.cuda = cuda
+    else:
+        # Start the intra-op thread pool first: its stacks count as data, and they are
+        # the child's, not the experiment's.
+        torch.ones(1 << 17).add_(1)
+        limit.cpu_base = _data_bytes()
+        if limit.cpu_base == 0:
+            return None  # no /proc/self/status to measure against: leave it unlimited
+        ceiling = limit.cpu_base + cap + CPU_ALLOWANCE
+        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        if hard != resource.RLIM_INFINITY:
+            ceiling = min(ceiling, hard)
+        resource.setrlimit(resource.RLIMIT_DATA, (ceiling, hard))
+        limit.cpu_ceiling = ceiling
+    _active = limit
+    return limit
+
+
+def active() -> Limit | None:
+    return _active
+
+
+def explain(exc: BaseException, spec: dict[str, Any]) -> dict[str, Any] | None:
+    """A ``memory_limit`` error if this allocation failure is the cap's doing, else None."""
+    limit = _active
+    if limit is None:
+        return None
+    message = str(exc)
+    requested = _requested(message)
+    device = torch.device(str(spec.get("device", "cpu")))
+    details: dict[str, Any] = {
+        "exception": type(exc).__name__,
+        "limit_bytes": limit.cap,
+        "requested_bytes": requested,
+        "device": str(device),
+        "pytorch_message": message[:2000],
+    }
+    if isinstance(exc, torch.OutOfMemoryError) and limit.cuda:
+        gpu = _GPU.search(message)
+        index = int(gpu.group(1)) if gpu else device.index if device.index is not None else 0
+        free, _ = torch.cuda.mem_get_info(index)
+        if requested is not None and requested > free:
+            return None  # the device itself is full: a real out-of-memory
+        reserved = torch.cuda.memory_reserved(index)
+        details.update(mechanism="cuda_memory_fraction", reserved_bytes=reserved)
+        where = f"on cuda:{index}, with {_human(reserved)} reserved by the caching allocator"
+    elif limit.cpu_ceiling is not None:
+        used = _data_bytes() - limit.cpu_base
+        if requested is not None and limit.cpu_base + used + requested <= limit.cpu_ceiling:
+            return None  # it fitted under the limit: the host itself refused it
+        details.update(mechanism="rlimit_data", in_use_bytes=used)
+        where = f"on the CPU, with {_human(used)} in use since the run began"
+    else:
+        return None
+    asked = "more memory" if requested is None else _human(requested)
+    return {
+        "type": ErrorType.MEMORY_LIMIT.value,
+        "message": (
+            f"the run asked for {asked} {where}; this service caps an experiment at "
+            f"{_human(limit.cap)} (VRAMLAB_MAX_EXPERIMENT_BYTES), so it was stopped"
+        ),
+        "hint": "use a smaller shape or dtype; the cap counts everything the run allocates, "
+        "and an op's workspaces (conv2d's im2col on the CPU, say) can be far larger than "
+        "its tensors, which is all the prediction counts",
+        "details": details,
+    }
+
+
+def _requested(message: str) -> int | None:
+    found = _REQUESTED.search(message)
+    if found is None:
+        return None
+    return int(float(found.group(1)) * _UNITS[found.group(2)])
+
+
+def _data_bytes() -> int:
+    """This process's data segment (VmData), what RLIMIT_DATA counts."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _human(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024:
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
