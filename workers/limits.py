@@ -29,7 +29,7 @@ from app.contract import ErrorType
 
 # Room past the cap on the CPU for what the child needs besides the experiment's tensors
 # (profiler events, library workspaces, building the report).
-CPU_ALLOWANCE = 64 * 2**20
+CPU_ALLOWANCE = 128 * 2**20
 _REQUESTED = re.compile(r"(?:allocate|Tried to allocate) ([\d.]+) ?(bytes|B|KiB|MiB|GiB|TiB)")
 _GPU = re.compile(r"GPU (\d+) has a total capacity")
 _UNITS = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
@@ -61,9 +61,10 @@ def apply(spec: dict[str, Any], device: torch.device) -> Limit | None:
             torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), index)
         limit.cuda = cuda
     else:
-        # Start the intra-op thread pool first: its stacks count as data, and they are
-        # the child's, not the experiment's.
-        torch.ones(1 << 17).add_(1)
+        # Start every intra-op thread first (an op uses one per 32,768 elements): their
+        # stacks count as data, they are the child's rather than the experiment's, and a
+        # thread that cannot start aborts the process instead of raising.
+        torch.ones(torch.get_num_threads() * 65_536).add_(1)
         limit.cpu_base = _data_bytes()
         if limit.cpu_base == 0:
             return None  # no /proc/self/status to measure against: leave it unlimited
