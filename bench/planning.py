@@ -42,6 +42,14 @@ def create(name: str, count: int) -> dict[str, Any]:
     return {"do": "create", "name": name, "shape": [1], "count": count}
 
 
+def repeat(times: int, steps: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"do": "repeat", "times": times, "steps": steps}
+
+
+X = {"do": "create", "name": "x", "shape": [4, 8]}
+EXP = {"do": "op", "name": "x", "fn": "exp", "args": ["x"]}
+TRANSPOSE = {"do": "op", "name": "x", "fn": "transpose_contiguous", "args": ["x"]}
+HALVE = {"do": "delete", "name": "xs", "every": 2}
 ISSUE_740 = scenario(
     [create(f"t{i}", 4096) for i in range(10)]
     + [{"do": "repeat", "times": 4000, "steps": [{"do": "empty_cache"}]}]
@@ -94,6 +102,18 @@ CASES: list[tuple[str, dict[str, Any]]] = [
                 }
             ]
         ),
+    ),
+    (
+        "500 steps written, each run once",
+        scenario([X, repeat(1, [EXP] * 498)]),
+    ),
+    (
+        "repeat 20 x a 498-step body",
+        scenario([X, repeat(20, [TRANSPOSE] * 498)]),
+    ),
+    (
+        "halving a list of 4096, 497-step body",
+        scenario([create("xs", 4096), X, repeat(38, [HALVE, *[EXP] * 496])]),
     ),
 ]
 

@@ -4,7 +4,7 @@ import pytest
 
 from app.catalog import CatalogError, plan_spec
 from app.catalog.presets import PRESETS, PresetError
-from app.catalog.scenario import MAX_TENSOR_STEPS, plan_scenario
+from app.catalog.scenario import MAX_TENSOR_STEPS, MAX_WRITTEN_STEPS, plan_scenario
 
 
 def test_a_scenario_predicts_named_bytes_after_each_step() -> None:
@@ -261,3 +261,11 @@ def test_a_repeat_is_planned_as_if_every_iteration_ran(
         slow.total_bytes,
         slow.work,
     )
+
+
+def test_a_spec_that_writes_too_many_steps_is_refused() -> None:
+    body = [{"do": "synchronize"}] * MAX_WRITTEN_STEPS
+    with pytest.raises(CatalogError) as caught:
+        plan_scenario([{"do": "repeat", "times": 1, "steps": body}], "float32", "cpu")
+    assert caught.value.field == "steps"
+    assert f"at most {MAX_WRITTEN_STEPS} steps written" in caught.value.message

@@ -23,6 +23,7 @@ from app.catalog.rounding import rounded_block_bytes
 from app.catalog.shapes import broadcast, matmul_shape, norm_dim
 
 MAX_TOP_STEPS = 64
+MAX_WRITTEN_STEPS = 500  # step objects in a spec, repeat bodies included
 MAX_EXECUTED_STEPS = 20_000
 MAX_REPEAT_DEPTH = 2
 MAX_LIST = 4096
@@ -50,6 +51,7 @@ _FIELDS: dict[str, set[str]] = {
     "synchronize": set(),
     "repeat": {"times", "steps"},
 }
+_ALLOWED = {kind: fields | {"do", "label"} for kind, fields in _FIELDS.items()}
 
 
 @dataclass
@@ -354,10 +356,10 @@ def _run(state: _State, steps: Any, where: str, depth: int) -> list[dict[str, An
         kind = step.get("do")
         if kind not in STEP_KINDS:
             raise CatalogError(f"{at}.do", f"must be one of {', '.join(STEP_KINDS)}")
-        unknown = sorted(set(step) - _FIELDS[kind] - {"do", "label"})
+        unknown = step.keys() - _ALLOWED[kind]
         if unknown:
             raise CatalogError(
-                f"{at}.{unknown[0]}",
+                f"{at}.{min(unknown)}",
                 f"unknown field for {kind}; allowed: "
                 f"{', '.join(sorted(_FIELDS[kind] | {'label'})) or 'label'}",
             )
@@ -422,6 +424,15 @@ def _repeat(state: _State, steps: Any, times: int, at: str, depth: int) -> None:
         done += 1
 
 
+def _written(steps: Any, depth: int) -> int:
+    """How many step objects a spec writes, repeat bodies included (not yet validated:
+    anything that is not a list of steps counts as what it is, and _run refuses it)."""
+    if not isinstance(steps, list) or depth > MAX_REPEAT_DEPTH:
+        return 0
+    inner = (s.get("steps") for s in steps if isinstance(s, dict) and s.get("do") == "repeat")
+    return len(steps) + sum(_written(body, depth + 1) for body in inner)
+
+
 def _bound_names(steps: list[dict[str, Any]]) -> frozenset[str]:
     """The names a (validated) block of steps binds or drops, nested blocks included."""
     found: set[str] = set()
@@ -470,6 +481,8 @@ class ScenarioPlan:
 def plan_scenario(steps: Any, dtype: str, device: str) -> ScenarioPlan:
     """Validate a scenario's steps and predict the named tensors' bytes after each step."""
     device = canonical_device(device)
+    if _written(steps, 0) > MAX_WRITTEN_STEPS:
+        raise CatalogError("steps", f"at most {MAX_WRITTEN_STEPS} steps written in all")
     state = _State(dtype, device)
     per_step = _run(state, steps, "steps", 0)
     devices = {device} | _walk_creates(steps)
