@@ -4,7 +4,12 @@ import pytest
 
 from app.catalog import CatalogError, plan_spec
 from app.catalog.presets import PRESETS, PresetError
-from app.catalog.scenario import MAX_TENSOR_STEPS, MAX_WRITTEN_STEPS, plan_scenario
+from app.catalog.scenario import (
+    MAX_PLANNED_STEPS,
+    MAX_TENSOR_STEPS,
+    MAX_WRITTEN_STEPS,
+    plan_scenario,
+)
 
 
 def test_a_scenario_predicts_named_bytes_after_each_step() -> None:
@@ -269,3 +274,26 @@ def test_a_spec_that_writes_too_many_steps_is_refused() -> None:
         plan_scenario([{"do": "repeat", "times": 1, "steps": body}], "float32", "cpu")
     assert caught.value.field == "steps"
     assert f"at most {MAX_WRITTEN_STEPS} steps written" in caught.value.message
+
+
+def test_repeats_that_do_not_cycle_soon_enough_are_refused() -> None:
+    # Each iteration frees one more element, so no two states match until the list is
+    # empty: 380 iterations of a 14-step body are planned one by one, past the bound.
+    relu = {"do": "op", "name": "x", "fn": "relu", "args": ["x"]}
+    block: dict[str, object] = {
+        "do": "repeat",
+        "times": 1000,
+        "steps": [{"do": "delete", "name": "xs", "every": 4096}] + [relu] * 13,
+    }
+    steps = [
+        {"do": "create", "name": "xs", "shape": [8], "count": 380},
+        {"do": "create", "name": "x", "shape": [8]},
+        block,
+    ]
+    with pytest.raises(CatalogError) as caught:
+        plan_scenario(steps, "float32", "cpu")
+    assert f"more than {MAX_PLANNED_STEPS} steps one by one" in caught.value.message
+    # A shorter block settles within the bound.
+    block["steps"] = block["steps"][:2]  # type: ignore[index]
+    plan = plan_scenario(steps, "float32", "cpu")
+    assert plan.prediction["steps"][-1]["allocated_after"] == 32

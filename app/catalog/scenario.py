@@ -24,6 +24,9 @@ from app.catalog.shapes import broadcast, matmul_shape, norm_dim
 
 MAX_TOP_STEPS = 64
 MAX_WRITTEN_STEPS = 500  # step objects in a spec, repeat bodies included
+# Steps the planner runs one by one, the rest being counted once repeats cycle: what
+# bounds planning's own time (a few milliseconds per thousand).
+MAX_PLANNED_STEPS = 5000
 MAX_EXECUTED_STEPS = 20_000
 MAX_REPEAT_DEPTH = 2
 MAX_LIST = 4096
@@ -94,7 +97,8 @@ class _State:
     device: str
     names: dict[str, _Value] = field(default_factory=dict)
     next_key: int = 0
-    executed: int = 0
+    executed: int = 0  # steps the worker will run
+    planned: int = 0  # steps planned one by one (the rest were counted: see _repeat)
     work: int = 0  # tensor-steps: steps run plus tensors bound or dropped
     peak: int = 0  # the most held at once on the scenario's device, inside steps included
     peak_all: int = 0  # the most held at once on every device together
@@ -367,6 +371,15 @@ def _run(state: _State, steps: Any, where: str, depth: int) -> list[dict[str, An
         if label is not None and (not isinstance(label, str) or not 0 < len(label) <= 64):
             raise CatalogError(f"{at}.label", "must be a string of 1 to 64 characters")
         state.executed += 1
+        state.planned += 1
+        if state.planned > MAX_PLANNED_STEPS:
+            raise CatalogError(
+                "steps",
+                f"planning would take more than {MAX_PLANNED_STEPS} steps one by one: a "
+                f"repeat block is planned until its iterations cycle, and this one changes "
+                f"its tensors for too long (delete fewer elements per iteration, or write "
+                f"a shorter block)",
+            )
         if state.executed > MAX_EXECUTED_STEPS:
             raise CatalogError(where, f"runs more than {MAX_EXECUTED_STEPS} steps in all")
         state.charge(1, at)
