@@ -278,7 +278,7 @@ def test_a_spec_that_writes_too_many_steps_is_refused() -> None:
 
 def test_repeats_that_do_not_cycle_soon_enough_are_refused() -> None:
     # Each iteration frees one more element, so no two states match until the list is
-    # empty: 380 iterations of a 14-step body are planned one by one, past the bound.
+    # empty: 380 iterations of a 14-step body would be planned one by one, past the bound.
     relu = {"do": "op", "name": "x", "fn": "relu", "args": ["x"]}
     block: dict[str, object] = {
         "do": "repeat",

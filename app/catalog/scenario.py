@@ -26,7 +26,7 @@ MAX_TOP_STEPS = 64
 MAX_WRITTEN_STEPS = 500  # step objects in a spec, repeat bodies included
 # Steps the planner runs one by one, the rest being counted once repeats cycle: what
 # bounds planning's own time (a few milliseconds per thousand).
-MAX_PLANNED_STEPS = 5000
+MAX_PLANNED_STEPS = 2000
 MAX_EXECUTED_STEPS = 20_000
 MAX_REPEAT_DEPTH = 2
 MAX_LIST = 4096
@@ -488,7 +488,8 @@ class ScenarioPlan:
     peak_bytes: int  # the most the named tensors hold at once, on the scenario's device
     total_bytes: int  # the most held on every device at once, for the service's cap
     prediction: dict[str, Any]
-    work: int  # what planning cost: steps run plus tensors bound or dropped
+    work: int  # tensor-steps: steps run plus tensors made, bound or freed
+    planned: int  # steps the planner ran one by one (its own cost)
 
 
 def plan_scenario(steps: Any, dtype: str, device: str) -> ScenarioPlan:
@@ -523,7 +524,9 @@ def plan_scenario(steps: Any, dtype: str, device: str) -> ScenarioPlan:
         "exact": False,
         "caveats": caveats,
     }
-    return ScenarioPlan(steps, tuple(sorted(devices)), state.peak, total, prediction, state.work)
+    return ScenarioPlan(
+        steps, tuple(sorted(devices)), state.peak, total, prediction, state.work, state.planned
+    )
 
 
 def _walk_creates(steps: list[Any]) -> set[str]:

@@ -23,7 +23,7 @@ class AcceptedSpec:
     gpus_needed: int  # how many GPUs a worker needs: the highest cuda index named, plus one
     predicted_bytes: int
     prediction: dict[str, Any]
-    plan_work: int = 0  # a scenario's planning cost in tensor-steps (0 for one op)
+    plan_steps: int = 0  # steps a scenario's planning ran one by one (0: one op, or cached)
 
 
 # Scenario plans by (steps as JSON, dtype, device): a sweep whose points share their steps
@@ -46,7 +46,7 @@ class _Planned:
     total_bytes: int
     devices: tuple[str, ...]
     prediction: dict[str, Any]
-    work: int = 0
+    planned: int = 0
 
 
 def _plan(spec: ExperimentSpec, device: str, cache: PlanCache | None) -> _Planned:
@@ -60,8 +60,10 @@ def _plan(spec: ExperimentSpec, device: str, cache: PlanCache | None) -> _Planne
         scenario = cached or plan_scenario(spec.steps, spec.dtype, device)
         if cache is not None:
             cache[key] = scenario
-        work = 0 if cached else scenario.work
-        return _Planned(params, scenario.total_bytes, scenario.devices, scenario.prediction, work)
+        planned = 0 if cached else scenario.planned
+        return _Planned(
+            params, scenario.total_bytes, scenario.devices, scenario.prediction, planned
+        )
     if spec.steps is not None:
         raise CatalogError("steps", f"only op 'scenario' takes steps, not {spec.op!r}")
     params, plan = plan_spec(spec.op, tuple(spec.shape), spec.params, spec.dtype, device)
@@ -74,7 +76,7 @@ def accept(
     """Check a spec against the catalog and the limits; raise InvalidSpec naming every
     field that is wrong (all at once, so a client fixes them in one go).
 
-    ``cache`` lets a sweep plan each distinct scenario once (``plan_work`` is then 0 for
+    ``cache`` lets a sweep plan each distinct scenario once (``plan_steps`` is then 0 for
     the points that reuse a plan).
     """
     problems: list[tuple[str, str]] = []
@@ -120,5 +122,5 @@ def accept(
         gpus_needed=max(cuda_indexes) + 1 if cuda_indexes else 0,
         predicted_bytes=plan.total_bytes,
         prediction=plan.prediction,
-        plan_work=plan.work,
+        plan_steps=plan.planned,
     )

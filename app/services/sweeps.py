@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from app.catalog.scenario import MAX_TENSOR_STEPS
+from app.catalog.scenario import MAX_PLANNED_STEPS
 from app.core.config import Settings
 from app.errors import InvalidSpec, NotFound
 from app.models import Experiment, Sweep
@@ -31,8 +31,8 @@ from app.services.signals import WorkSignal
 from app.services.specs import AcceptedSpec, PlanCache, accept
 
 MAX_POINTS = 1000
-# A sweep's points may together cost what a few of the heaviest single scenarios cost.
-MAX_SWEEP_TENSOR_STEPS = 4 * MAX_TENSOR_STEPS
+# A sweep's points may together cost the planner what four of the slowest scenarios do.
+MAX_SWEEP_PLANNED_STEPS = 4 * MAX_PLANNED_STEPS
 MAX_VALUES = 200
 TOP_LEVEL = ("shape", "dtype", "device", "repeat", "warmup", "trace")
 
@@ -104,7 +104,7 @@ def plan(
             if raw.get("device") is None:
                 raw["device"] = chosen
     cache: PlanCache = {}
-    work = 0
+    planned = 0
     accepted: list[AcceptedSpec] = []
     for i, (values, raw) in enumerate(grid_points):
         try:
@@ -118,14 +118,15 @@ def plan(
         except InvalidSpec as exc:
             detail = exc.details[0] if exc.details else {"field": "spec", "message": exc.message}
             raise _point_error(i, values, detail["field"], detail["message"]) from None
-        work += point.plan_work
-        if work > MAX_SWEEP_TENSOR_STEPS:
+        planned += point.plan_steps
+        if planned > MAX_SWEEP_PLANNED_STEPS:
             raise _point_error(
                 i,
                 values,
                 "steps",
-                f"the sweep's distinct scenarios cost over {MAX_SWEEP_TENSOR_STEPS:,} tensor-steps "
-                f"to plan in all; sweep fewer points or lighter scenarios",
+                f"planning the sweep's distinct scenarios would take more than "
+                f"{MAX_SWEEP_PLANNED_STEPS} steps one by one; sweep fewer dtypes or devices, "
+                f"or a scenario whose repeats settle sooner",
             )
         accepted.append(point)
     return accepted

@@ -72,20 +72,21 @@ def test_a_sweep_plans_a_shared_scenario_once_and_bounds_the_rest(
     assert same.status_code == 202, same.text
     # Points that each need their own heavy plan are bounded in sum.
     grid = {"dtype": ["float32", "float16", "bfloat16", "float64", "int32", "int64", "int8"]}
-    # Each point alone is within the bound (about 280,000 tensor-steps); seven are not.
+    # Each point alone is within the planner's bound (about 1,800 steps planned one by one,
+    # the list halving each iteration); seven of them are not.
+    exp = {"do": "op", "name": "x", "fn": "exp", "args": ["x"]}
+    halve = {"do": "delete", "name": "xs", "every": 2}
     heavy_each = scenario(
         [
-            {
-                "do": "repeat",
-                "times": 70,
-                "steps": [{"do": "create", "name": "t", "shape": [1], "count": 2000}],
-            }
+            {"do": "create", "name": "xs", "shape": [1], "count": 4096},
+            {"do": "create", "name": "x", "shape": [8]},
+            {"do": "repeat", "times": 100, "steps": [halve, *[exp] * 119]},
         ]
     )
     refused = client.post("/v1/sweeps", json={"spec": heavy_each, "grid": grid})
     assert refused.status_code == 422, refused.text
     detail = refused.json()["error"]["details"][0]
-    assert f"{sweeps.MAX_SWEEP_TENSOR_STEPS:,} tensor-steps" in detail["message"]
+    assert f"more than {sweeps.MAX_SWEEP_PLANNED_STEPS} steps one by one" in detail["message"]
 
 
 def test_a_submit_is_answered_while_another_is_being_planned(
