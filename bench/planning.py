@@ -28,7 +28,9 @@ sys.path.insert(0, str(ROOT))
 
 from app.core.config import Settings  # noqa: E402
 from app.errors import InvalidSpec  # noqa: E402
+from app.schemas.results import SweepIn  # noqa: E402
 from app.schemas.spec import ExperimentSpec  # noqa: E402
+from app.services import sweeps  # noqa: E402
 from app.services.specs import accept  # noqa: E402
 
 LIGHT = {"op": "add", "shape": [8, 8], "dtype": "float32", "device": "cpu"}
@@ -132,6 +134,19 @@ def plan_seconds(spec: dict[str, Any], settings: Settings, rounds: int) -> tuple
     return min(times), outcome
 
 
+def sweep_seconds(body: dict[str, Any], settings: Settings, rounds: int) -> tuple[float, str]:
+    parsed = SweepIn.model_validate(body)
+    times = []
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        try:
+            outcome = f"accepted, {len(sweeps.plan(parsed, settings))} points"
+        except InvalidSpec as exc:
+            outcome = f"422 {exc.message[:70]}"
+        times.append(time.perf_counter() - t0)
+    return min(times), outcome
+
+
 def light_latencies(client: httpx.Client, n: int) -> list[float]:
     out = []
     for _ in range(n):
@@ -213,6 +228,20 @@ def main() -> None:
         print(f"{name:36} {seconds:8.4f}  {outcome}")
         if outcome == "accepted" and seconds > slowest[0]:
             slowest = (seconds, spec)
+    slow = CASES[-1][1]
+    for name, grid in (
+        (
+            "sweep: 1000 points, one plan",
+            {"repeat": list(range(1, 201)), "warmup": [0, 1, 2, 3, 4]},
+        ),
+        ("sweep: 4 dtypes, 4 plans", {"dtype": ["float32", "float16", "bfloat16", "float64"]}),
+        (
+            "sweep: 7 dtypes, 7 plans",
+            {"dtype": ["float32", "float16", "bfloat16", "float64", "int8", "int32", "int64"]},
+        ),
+    ):
+        seconds, outcome = sweep_seconds({"spec": slow, "grid": grid}, settings, args.rounds)
+        print(f"{name:36} {seconds:8.4f}  {outcome}")
     if not args.no_service:
         service_figures(slowest[1], args.port, args.n)
 
