@@ -1,6 +1,8 @@
 """The torch-free catalog: scenario steps validated as data, presets, new ops' plans."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app.catalog import CatalogError, plan_spec
 from app.catalog.presets import PRESETS, PresetError
@@ -297,3 +299,53 @@ def test_repeats_that_do_not_cycle_soon_enough_are_refused() -> None:
     block["steps"] = block["steps"][:2]  # type: ignore[index]
     plan = plan_scenario(steps, "float32", "cpu")
     assert plan.prediction["steps"][-1]["allocated_after"] == 32
+
+
+_VOCABULARY: list[dict[str, object]] = [
+    {"do": "op", "name": "x", "fn": "exp", "args": ["x"]},
+    {"do": "op", "name": "x", "fn": "transpose_contiguous", "args": ["x"]},
+    {"do": "op", "name": "y", "fn": "add", "args": ["x", "y"]},
+    {"do": "op", "name": "v", "fn": "narrow", "args": ["x"], "length": 1},
+    {"do": "op", "fn": "mul_", "args": ["x", "x"]},
+    {"do": "op", "name": "s", "fn": "sum", "args": ["y"]},
+    {"do": "move", "name": "h", "src": "x", "device": "cpu"},
+    {"do": "move", "name": "x", "src": "h", "device": "cuda:0", "dtype": "float16"},
+    {"do": "create", "name": "xs", "shape": [100], "count": 7},
+    {"do": "create", "name": "x", "shape": [4, 6]},
+    {"do": "delete", "name": "xs", "every": 2},
+    {"do": "delete", "name": "xs", "every": 50},
+    {"do": "delete", "name": "v"},
+    {"do": "delete", "name": "x"},
+    {"do": "empty_cache"},
+]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    body=st.lists(st.sampled_from(_VOCABULARY), min_size=1, max_size=6),
+    times=st.integers(min_value=1, max_value=20),
+    nested=st.booleans(),
+)
+def test_any_repeat_plans_as_if_every_iteration_ran(
+    body: list[dict[str, object]], times: int, nested: bool
+) -> None:
+    setup: list[dict[str, object]] = [
+        {"do": "create", "name": "x", "shape": [4, 6]},
+        {"do": "create", "name": "y", "shape": [4, 6]},
+        {"do": "create", "name": "xs", "shape": [100], "count": 40},
+    ]
+    block: dict[str, object] = {"do": "repeat", "times": times, "steps": body}
+    if nested:
+        block = {"do": "repeat", "times": 3, "steps": [block, body[0]]}
+    steps = [*setup, block, {"do": "empty_cache"}]
+
+    def outcome(s: list[dict[str, object]]) -> object:
+        try:
+            plan = plan_scenario(s, "float32", "cuda:0")
+        except CatalogError as exc:
+            return exc.message  # the field differs: a written-out block counts steps anew
+        for entry in plan.prediction["steps"]:
+            entry.pop("label")
+        return (plan.prediction, plan.peak_bytes, plan.total_bytes, plan.work)
+
+    assert outcome(steps) == outcome(_unrolled(steps))
