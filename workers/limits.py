@@ -49,6 +49,7 @@ _active: Limit | None = None
 def apply(spec: dict[str, Any], device: torch.device) -> Limit | None:
     """Limit this child to the spec's ``memory_limit_bytes`` (absent: no limit)."""
     global _active
+    _release()  # a child that runs more than one spec starts each from no limit
     cap = spec.get("memory_limit_bytes")
     if not isinstance(cap, int) or isinstance(cap, bool) or cap <= 0:
         return None
@@ -80,6 +81,18 @@ def apply(spec: dict[str, Any], device: torch.device) -> Limit | None:
 
 def active() -> Limit | None:
     return _active
+
+
+def _release() -> None:
+    global _active
+    limit, _active = _active, None
+    if limit is None:
+        return
+    for index in limit.cuda:
+        torch.cuda.set_per_process_memory_fraction(1.0, index)
+    if limit.cpu_ceiling is not None:
+        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
 
 
 def explain(exc: BaseException, spec: dict[str, Any]) -> dict[str, Any] | None:

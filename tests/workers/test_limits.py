@@ -1,10 +1,14 @@
 """The service's byte cap holds on what the run really allocates, on the CPU: an OS limit
 on the child. (The CUDA side is in tests/workers/test_cuda.py.)"""
 
+import resource
 from typing import Any
+
+import torch
 
 from tests.workers.conftest import SpecFactory
 from tests.workers.test_scenario import scenario_spec
+from workers import limits
 from workers.runner import Runner
 
 MiB = 2**20
@@ -75,3 +79,18 @@ def test_x_equals_exp_x_peaks_at_two_tensors_as_predicted(runner: Runner) -> Non
     assert outcome.result is not None
     measured = outcome.result["memory"]["allocated_peak"]
     assert measured == spec["prediction"]["peak_named_bytes"] == 2 * 512 * 512 * 4
+
+
+def test_a_limit_is_released_before_the_next_spec_in_the_same_process() -> None:
+    # Children may one day run more than one spec: each starts from no limit of ours.
+    before = resource.getrlimit(resource.RLIMIT_DATA)
+    cpu = torch.device("cpu")
+    try:
+        limit = limits.apply({"device": "cpu", "memory_limit_bytes": 64 * MiB}, cpu)
+        assert limit is not None and limit.cpu_ceiling is not None
+        assert resource.getrlimit(resource.RLIMIT_DATA)[0] == limit.cpu_ceiling
+        assert limits.apply({"device": "cpu"}, cpu) is None
+        assert limits.active() is None
+        assert resource.getrlimit(resource.RLIMIT_DATA) == (before[1], before[1])
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, before)
