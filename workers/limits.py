@@ -40,6 +40,7 @@ class Limit:
     cap: int  # bytes
     cpu_ceiling: int | None = None  # the RLIMIT_DATA soft limit set, if any
     cpu_base: int = 0  # the child's data segment when the limit was set
+    cpu_previous: int = resource.RLIM_INFINITY  # the soft limit before ours
     cuda: list[int] = field(default_factory=list)  # GPU indexes whose allocator is capped
 
 
@@ -70,9 +71,11 @@ def apply(spec: dict[str, Any], device: torch.device) -> Limit | None:
         if limit.cpu_base == 0:
             return None  # no /proc/self/status to measure against: leave it unlimited
         ceiling = limit.cpu_base + cap + CPU_ALLOWANCE
-        _, hard = resource.getrlimit(resource.RLIMIT_DATA)
-        if hard != resource.RLIM_INFINITY:
-            ceiling = min(ceiling, hard)
+        soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        limit.cpu_previous = soft
+        for bound in (soft, hard):
+            if bound != resource.RLIM_INFINITY:
+                ceiling = min(ceiling, bound)
         resource.setrlimit(resource.RLIMIT_DATA, (ceiling, hard))
         limit.cpu_ceiling = ceiling
     _active = limit
@@ -92,7 +95,7 @@ def _release() -> None:
         torch.cuda.set_per_process_memory_fraction(1.0, index)
     if limit.cpu_ceiling is not None:
         _, hard = resource.getrlimit(resource.RLIMIT_DATA)
-        resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
+        resource.setrlimit(resource.RLIMIT_DATA, (limit.cpu_previous, hard))
 
 
 def explain(exc: BaseException, spec: dict[str, Any]) -> dict[str, Any] | None:

@@ -91,6 +91,6 @@ def test_a_limit_is_released_before_the_next_spec_in_the_same_process() -> None:
         assert resource.getrlimit(resource.RLIMIT_DATA)[0] == limit.cpu_ceiling
         assert limits.apply({"device": "cpu"}, cpu) is None
         assert limits.active() is None
-        assert resource.getrlimit(resource.RLIMIT_DATA) == (before[1], before[1])
+        assert resource.getrlimit(resource.RLIMIT_DATA) == before
     finally:
         resource.setrlimit(resource.RLIMIT_DATA, before)
