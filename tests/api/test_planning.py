@@ -89,8 +89,15 @@ def test_a_sweep_plans_a_shared_scenario_once_and_bounds_the_rest(
     assert f"more than {sweeps.MAX_SWEEP_PLANNED_STEPS} steps one by one" in detail["message"]
 
 
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/experiments", ISSUE_740),
+        ("/v1/sweeps", {"spec": ISSUE_740, "grid": {"repeat": [1, 2]}}),
+    ],
+)
 def test_a_submit_is_answered_while_another_is_being_planned(
-    database_url: str, monkeypatch: pytest.MonkeyPatch
+    database_url: str, monkeypatch: pytest.MonkeyPatch, path: str, body: dict[str, Any]
 ) -> None:
     # Hold one scenario's planning open; before, it ran inside the write transaction, so
     # on SQLite every other submit (and claim, and heartbeat) waited behind it.
@@ -108,7 +115,7 @@ def test_a_submit_is_answered_while_another_is_being_planned(
 
         def heavy() -> None:
             with httpx.Client(base_url=live.url, timeout=90) as c:
-                statuses.append(c.post("/v1/experiments", json=ISSUE_740).status_code)
+                statuses.append(c.post(path, json=body).status_code)
 
         thread = threading.Thread(target=heavy)
         thread.start()
