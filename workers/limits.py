@@ -11,9 +11,11 @@ the experiment, and ``explain`` turns the allocation failure that the limit caus
   OutOfMemoryError while the device still has room.
 - CPU: the child's data segment (RLIMIT_DATA: heap and private writable mappings, where
   every CPU tensor lives) may grow by at most the cap plus ``CPU_ALLOWANCE`` past what it
-  uses now; malloc then fails and PyTorch raises "can't allocate memory". Only the soft
-  limit is set, in this child alone: the worker and the forkserver keep theirs. A CUDA
-  experiment's host memory is not limited this way (the driver maps memory of its own).
+  uses now, and never past 90% of what the host has available then (so a cap larger than
+  the host cannot take it down: that failure is an ``oom`` that says so); malloc then
+  fails and PyTorch raises "can't allocate memory". Only the soft limit is set, in this
+  child alone: the worker and the forkserver keep theirs. A CUDA experiment's host
+  memory is not limited this way (the driver maps memory of its own).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import resource
 from dataclasses import dataclass, field
 from typing import Any
 
+import psutil
 import torch
 
 from app.contract import ErrorType
@@ -30,6 +33,7 @@ from app.contract import ErrorType
 # Room past the cap on the CPU for what the child needs besides the experiment's tensors
 # (profiler events, library workspaces, building the report).
 CPU_ALLOWANCE = 128 * 2**20
+HOST_SHARE = 0.9  # of the host's available memory, the most a CPU experiment may take
 _REQUESTED = re.compile(r"(?:allocate|Tried to allocate) ([\d.]+) ?(bytes|B|KiB|MiB|GiB|TiB)")
 _GPU = re.compile(r"GPU (\d+) has a total capacity")
 _UNITS = {"bytes": 1, "B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
@@ -41,6 +45,7 @@ class Limit:
     cpu_ceiling: int | None = None  # the RLIMIT_DATA soft limit set, if any
     cpu_base: int = 0  # the child's data segment when the limit was set
     cpu_previous: int = resource.RLIM_INFINITY  # the soft limit before ours
+    host_available: int | None = None  # set when the host's memory, not the cap, binds
     cuda: list[int] = field(default_factory=list)  # GPU indexes whose allocator is capped
 
 
@@ -71,6 +76,10 @@ def apply(spec: dict[str, Any], device: torch.device) -> Limit | None:
         if limit.cpu_base == 0:
             return None  # no /proc/self/status to measure against: leave it unlimited
         ceiling = limit.cpu_base + cap + CPU_ALLOWANCE
+        available = psutil.virtual_memory().available
+        if limit.cpu_base + int(available * HOST_SHARE) < ceiling:
+            ceiling = limit.cpu_base + int(available * HOST_SHARE)
+            limit.host_available = available
         soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
         limit.cpu_previous = soft
         for bound in (soft, hard):
@@ -128,6 +137,17 @@ def explain(exc: BaseException, spec: dict[str, Any]) -> dict[str, Any] | None:
             return None  # it fitted under the limit: the host itself refused it
         details.update(mechanism="rlimit_data", in_use_bytes=used)
         where = f"on the CPU, with {_human(used)} in use since the run began"
+        past_cap = requested is None or used + requested > limit.cap
+        if limit.host_available is not None and not past_cap:
+            details["host_available_bytes"] = limit.host_available
+            return {
+                "type": ErrorType.OOM.value,
+                "message": f"the run asked for {_human(requested or 0)} {where}; this "
+                f"worker's host had {_human(limit.host_available)} available when it began, "
+                f"so it was stopped before the host ran out",
+                "hint": "run it on a host with more free memory, or use a smaller shape",
+                "details": details,
+            }
     else:
         return None
     asked = "more memory" if requested is None else _human(requested)

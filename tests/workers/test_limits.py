@@ -4,6 +4,7 @@ on the child. (The CUDA side is in tests/workers/test_cuda.py.)"""
 import resource
 from typing import Any
 
+import pytest
 import torch
 
 from tests.workers.conftest import SpecFactory
@@ -94,3 +95,29 @@ def test_a_limit_is_released_before_the_next_spec_in_the_same_process() -> None:
         assert resource.getrlimit(resource.RLIMIT_DATA) == before
     finally:
         resource.setrlimit(resource.RLIMIT_DATA, before)
+
+
+def test_a_cap_larger_than_the_host_is_bounded_by_the_host(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A 16 GiB cap on a host with less free memory must not let a run take the host down:
+    # the limit is 90% of what the host has available, and passing it says so.
+    class Memory:
+        available = 256 * MiB
+
+    monkeypatch.setattr(limits.psutil, "virtual_memory", lambda: Memory())
+    before = resource.getrlimit(resource.RLIMIT_DATA)
+    spec = {"device": "cpu", "memory_limit_bytes": 16 * 2**30}
+    try:
+        limit = limits.apply(spec, torch.device("cpu"))
+        assert limit is not None and limit.host_available == 256 * MiB
+        with pytest.raises(RuntimeError) as caught:
+            torch.empty(512 * MiB, dtype=torch.uint8)
+        error = limits.explain(caught.value, spec)
+    finally:
+        limits.apply({"device": "cpu"}, torch.device("cpu"))
+    assert resource.getrlimit(resource.RLIMIT_DATA) == before
+    assert error is not None and error["type"] == "oom"
+    assert error["details"]["host_available_bytes"] == 256 * MiB
+    assert error["details"]["requested_bytes"] == 512 * MiB
+    assert "256.0 MiB available" in error["message"]
