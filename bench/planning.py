@@ -140,7 +140,7 @@ def sweep_seconds(body: dict[str, Any], settings: Settings, rounds: int) -> tupl
     for _ in range(rounds):
         t0 = time.perf_counter()
         try:
-            outcome = f"accepted, {len(sweeps.plan(parsed, settings))} points"
+            outcome = f"accepted, {len(sweeps.plan(parsed, settings, lambda: 'cpu'))} points"
         except InvalidSpec as exc:
             outcome = f"422 {exc.message[:70]}"
         times.append(time.perf_counter() - t0)

@@ -255,7 +255,7 @@ def _op(state: _State, step: Mapping[str, Any], where: str) -> None:
     if fn not in OP_FNS:
         raise CatalogError(f"{where}.fn", f"must be one of {', '.join(OP_FNS)}")
     args = step.get("args")
-    arity = 2 if fn in (*BINARY_FNS, *INPLACE_FNS) else 1
+    arity = 2 if fn in _TWO_ARGS else 1
     if (
         not isinstance(args, list)
         or len(args) != arity
@@ -390,13 +390,11 @@ def _run(state: _State, steps: Any, where: str, depth: int) -> list[dict[str, An
             if not 1 <= times <= MAX_EXECUTED_STEPS:
                 raise CatalogError(f"{at}.times", f"must be between 1 and {MAX_EXECUTED_STEPS}")
             _repeat(state, step.get("steps"), times, at, depth + 1)
-        elif kind in ("create", "op", "move", "pin", "delete"):
-            {"create": _create, "op": _op, "move": _move, "pin": _pin, "delete": _delete}[kind](
-                state, step, at
-            )
+        elif kind in _HANDLERS:
+            _HANDLERS[kind](state, step, at)
         state.mark()
-        live = state.live(state.device)
         if depth == 0:
+            live = state.live(state.device)
             out.append(
                 {
                     "label": label or step_title(step),
@@ -457,6 +455,10 @@ def _bound_names(steps: list[dict[str, Any]]) -> frozenset[str]:
         elif step["do"] == "op":
             found.add(step.get("name") or step["args"][0])
     return frozenset(found)
+
+
+_TWO_ARGS = frozenset((*BINARY_FNS, *INPLACE_FNS))
+_HANDLERS = {"create": _create, "op": _op, "move": _move, "pin": _pin, "delete": _delete}
 
 
 def step_title(step: Mapping[str, Any]) -> str:
