@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -21,6 +22,7 @@ from app.api.routes import (
     presets,
     results,
     signin,
+    snapshots,
     sweeps,
     traces,
     ui,
@@ -77,6 +79,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.db = Database(settings.database_url)
     app.state.signal = WorkSignal()
+    app.state.snapshot_slots = threading.BoundedSemaphore(settings.snapshot_imports_at_once)
     # Each app its own registry: tests run several apps in one process.
     app.state.metrics = CollectorRegistry(auto_describe=False)
     app.state.metrics.register(QueueCollector(app.state.db, settings))
@@ -86,6 +89,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         limit=settings.max_body_bytes,
         large_paths=("/v1/worker/experiments/",),
         large_limit=settings.max_trace_chunk_bytes,
+        exact={"/v1/snapshots": settings.max_snapshot_bytes},
     )
     if settings.cors_origins:
         app.add_middleware(
@@ -96,7 +100,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
     for module in (experiments, traces, catalog, workers, worker_protocol, health):
         app.include_router(module.router)
-    for module in (results, sweeps, compare, ui):
+    for module in (results, sweeps, compare, snapshots, ui):
         app.include_router(module.router)
     app.include_router(presets.router)
     app.include_router(signin.router)

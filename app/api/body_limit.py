@@ -1,7 +1,7 @@
 """Refuse request bodies past a size limit with 413, before they are read into memory.
 
 Checks Content-Length when it is given and counts the bytes of a streamed body when it
-is not. Trace chunks from workers have their own, larger limit.
+is not. Trace chunks from workers and snapshot uploads have their own, larger limits.
 """
 
 import json
@@ -17,14 +17,23 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 class BodyLimit:
     def __init__(
-        self, app: ASGIApp, limit: int, large_paths: tuple[str, ...], large_limit: int
+        self,
+        app: ASGIApp,
+        limit: int,
+        large_paths: tuple[str, ...],
+        large_limit: int,
+        exact: dict[str, int] | None = None,
     ) -> None:
         self.app = app
         self.limit = limit
         self.large_paths = large_paths
         self.large_limit = large_limit
+        # Paths with a limit of their own (snapshot uploads).
+        self.exact = exact or {}
 
     def _limit_for(self, path: str) -> int:
+        if path in self.exact:
+            return self.exact[path]
         large = any(path.startswith(p) and "/trace/" in path for p in self.large_paths)
         return self.large_limit if large else self.limit
 

@@ -52,6 +52,15 @@ class Settings(BaseSettings):
     max_queued_per_token: int = 10_000
     # Request bodies larger than this get 413 (trace chunks have their own limit).
     max_body_bytes: int = 1 * 2**20
+    # Memory snapshot uploads (POST /v1/snapshots): the largest body, and the largest
+    # pickle a gzipped one may expand to; both admit 2 GiB snapshots by default.
+    max_snapshot_bytes: int = 3 * 2**30
+    max_snapshot_expanded_bytes: int = 3 * 2**30
+    # The child process that parses a snapshot: its address-space limit and its time.
+    snapshot_parse_memory_bytes: int = 16 * 2**30
+    snapshot_parse_seconds: float = 600.0
+    # Imports parsed at once; more get 429 (each may hold several GiB while it parses).
+    snapshot_imports_at_once: int = 1
     # Origins allowed by CORS; none by default.
     cors_origins: list[str] = []
 

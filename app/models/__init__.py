@@ -4,6 +4,7 @@ from app.models.api_token import ApiToken
 from app.models.base import Base
 from app.models.experiment import Experiment
 from app.models.result import Result
+from app.models.snapshot import Snapshot
 from app.models.sweep import Sweep
 from app.models.tag import ExperimentTag
 from app.models.trace_chunk import TraceChunk
@@ -15,6 +16,7 @@ __all__ = [
     "Experiment",
     "ExperimentTag",
     "Result",
+    "Snapshot",
     "Sweep",
     "TraceChunk",
     "Worker",

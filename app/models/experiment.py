@@ -23,6 +23,13 @@ class Experiment(Base):
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    # "experiment" (queued and run by a worker) or "snapshot" (a PyTorch memory snapshot
+    # a user recorded and imported: stored finished, with its trace and a summary).
+    kind: Mapped[str] = mapped_column(
+        String(16), default="experiment", server_default="experiment", index=True
+    )
+    # A snapshot's name, as its uploader gave it.
+    name: Mapped[str | None] = mapped_column(String(200), default=None)
     status: Mapped[str] = mapped_column(String(16))
     op: Mapped[str] = mapped_column(String(64), index=True)
     shape: Mapped[list[Any]]

@@ -39,6 +39,10 @@ class QueueInfo(BaseModel):
 
 class ExperimentOut(BaseModel):
     id: str
+    kind: Literal["experiment", "snapshot"] = Field(
+        default="experiment", description="a queued experiment, or an imported memory snapshot"
+    )
+    name: str | None = Field(default=None, description="a snapshot's name")
     status: Status
     spec: ExperimentSpec
     attempts: int

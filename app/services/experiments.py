@@ -167,6 +167,7 @@ class Filters:
     tag: str | None = None
     worker_id: str | None = None
     id_prefix: str | None = None
+    kind: str | None = None
 
 
 def _encode_cursor(exp: Experiment) -> str:
@@ -202,6 +203,8 @@ def page(
     if filters.id_prefix:
         # Ids are lower-case UUIDs; the schema admits only [0-9a-f-], so no LIKE wildcards.
         stmt = stmt.where(Experiment.id.startswith(filters.id_prefix.lower()))
+    if filters.kind:
+        stmt = stmt.where(Experiment.kind == filters.kind)
     if filters.tag:
         tagged = select(ExperimentTag.experiment_id).where(ExperimentTag.tag == filters.tag)
         stmt = stmt.where(Experiment.id.in_(tagged))
@@ -284,6 +287,8 @@ def to_out(exp: Experiment, queue: QueueInfo | None = None) -> ExperimentOut:
         )
     return ExperimentOut(
         id=exp.id,
+        kind=exp.kind,  # type: ignore[arg-type]
+        name=exp.name,
         status=exp.status,  # type: ignore[arg-type]
         spec=spec,
         attempts=exp.attempts,

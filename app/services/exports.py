@@ -66,10 +66,17 @@ def viz_events(events: Iterable[Event], replay: Replay) -> Iterator[Event]:
     """Our normalised events as PyTorch's history entries, feeding ``replay`` as they go."""
     pending_free: set[Any] = set()
     for event in events:
-        replay.feed(event)
         action = event.get("action")
-        if action == "mark" or action is None:
-            continue  # the snapshot format has no phase marks
+        if (action in FREES or action == "free_requested") and not event.get("frames"):
+            # An imported snapshot stores a free's frames with its allocation only.
+            block = replay.live.get(event.get("addr"))
+            if block is not None and block.frames:
+                event = {**event, "frames": list(block.frames)}
+        replay.feed(event)
+        if action == "mark" or action is None or event.get("pre_trace"):
+            # The snapshot format has no phase marks; blocks an imported snapshot held
+            # before its trace began are in its segments, not its history.
+            continue
         if action == "free_requested":
             pending_free.add(event.get("addr"))
         elif action in FREES:
@@ -140,9 +147,12 @@ def _segment(device: int, addr: int, size: int, stream: Any, blocks: list[Block]
     }
 
 
-def memory_viz(events: Iterable[Event], device: str) -> Iterator[bytes]:
+def memory_viz(
+    events: Iterable[Event], device: str, segments: list[dict[str, Any]] | None = None
+) -> Iterator[bytes]:
     """The pickle, in pieces: ``{"device_traces": [[], ..., [events]], "segments": [...],
-    "allocator_settings": {}}`` with our trace in the experiment's device slot."""
+    "allocator_settings": {}}`` with our trace in the experiment's device slot. An imported
+    snapshot passes its own ``segments``; otherwise they are replayed from the trace."""
     slot = device_index(device)
     replay = Replay()
     yield _PROTO2 + _EMPTY_DICT + _body("device_traces") + _EMPTY_LIST
@@ -157,7 +167,8 @@ def memory_viz(events: Iterable[Event], device: str) -> Iterator[bytes]:
     if batch:
         yield _MARK + b"".join(batch) + _APPENDS
     yield _APPEND + _SETITEM
-    yield _body("segments") + _body(final_segments(replay, slot)) + _SETITEM
+    final = segments if segments is not None else final_segments(replay, slot)
+    yield _body("segments") + _body(final) + _SETITEM
     yield _body("allocator_settings") + _body({}) + _SETITEM + _STOP
 
 

@@ -1,6 +1,6 @@
 """Experiments: submit, read, list, cancel."""
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Header, Query, Response
 
@@ -92,10 +92,11 @@ def list_experiments(
             description="experiments whose id starts with this (the 8-character ids pages print)",
         ),
     ] = None,
+    kind: Annotated[Literal["experiment", "snapshot"] | None, Query()] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> ExperimentPage:
-    filters = experiments.Filters(status, op, device, tag, worker_id, id_prefix)
+    filters = experiments.Filters(status, op, device, tag, worker_id, id_prefix, kind)
     rows, next_cursor = experiments.page(s, filters, limit, cursor)
     return ExperimentPage(items=[experiments.to_out(e) for e in rows], next_cursor=next_cursor)
 

@@ -1,0 +1,201 @@
+"""Memory snapshots users recorded from their own programs: import, read, and the views
+an experiment has (trace and its exports, peak, timeline).
+
+The upload is the snapshot file itself as the request body (a pickle as
+``torch.cuda.memory._dump_snapshot`` writes it, or gzipped), streamed to a temp file and
+parsed as data in a bounded child process; it never reaches an unpickler that resolves
+globals. The request's database session opens only after parsing: a long upload holds
+no lock.
+"""
+
+import threading
+from collections.abc import Iterator
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import Response, StreamingResponse
+
+from app.api.deps import NowDep, SessionDep, SettingsDep, get_db, require
+from app.api.figures import FIGURE_RESPONSES, FigureFormat, respond
+from app.api.routes import traces as trace_routes
+from app.core.db import Database
+from app.errors import ERROR_RESPONSES, TooManyRequests
+from app.models import Experiment
+from app.schemas.results import PeakOut
+from app.schemas.snapshot import SnapshotOut, SnapshotPage
+from app.schemas.spec import Tag
+from app.services import experiments, exports, figures, snapshots, traces
+from app.services.auth import Principal
+
+router = APIRouter(prefix="/v1/snapshots", tags=["snapshots"], responses=ERROR_RESPONSES)
+DbDep = Annotated[Database, Depends(get_db)]
+_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        "description": "the snapshot file: a pickle from torch.cuda.memory._dump_snapshot, "
+        "or the same gzipped",
+    }
+}
+
+
+def snapshot(s: SessionDep, snapshot_id: Annotated[str, Path(max_length=64)]) -> Experiment:
+    return snapshots.get(s, snapshot_id)
+
+
+SnapshotDep = Annotated[Experiment, Depends(snapshot)]
+
+
+def _store(
+    db: Database,
+    upload: snapshots.Upload,
+    parsed: snapshots.Parsed,
+    name: str,
+    tags: list[str],
+    who: Principal,
+    now: Any,
+) -> SnapshotOut:
+    with db.session() as s:
+        exp = snapshots.store(s, upload, parsed, name=name, tags=tags, submitted_by=who.id, now=now)
+        s.flush()
+        return snapshots.to_out(s, exp)
+
+
+@router.post(
+    "",
+    status_code=201,
+    response_model=SnapshotOut,
+    summary="Import a PyTorch memory snapshot",
+    openapi_extra=_BODY,
+)
+async def import_snapshot(
+    request: Request,
+    db: DbDep,
+    settings: SettingsDep,
+    now: NowDep,
+    who: Annotated[Principal, require("submit")],
+    name: Annotated[str, Query(min_length=1, max_length=200)] = "snapshot",
+    tag: Annotated[list[Tag] | None, Query(max_length=32)] = None,
+    device: Annotated[int | None, Query(ge=0, le=63, description="default: the busiest")] = None,
+) -> SnapshotOut:
+    """A pickle that names any class or function is refused (422 ``snapshot_refused``)
+    and nothing in it runs; so are gzip data that expands past
+    ``VRAMLAB_MAX_SNAPSHOT_EXPANDED_BYTES`` (413) and data that is not a snapshot (422)."""
+    gate: threading.BoundedSemaphore = request.app.state.snapshot_slots
+    if not gate.acquire(blocking=False):
+        raise TooManyRequests(
+            "another snapshot is being imported; try again shortly "
+            "(VRAMLAB_SNAPSHOT_IMPORTS_AT_ONCE)",
+            headers={"Retry-After": "10"},
+        )
+    try:
+        upload = await snapshots.receive(request.stream(), settings)
+        try:
+            parsed = await run_in_threadpool(snapshots.parse, upload, settings, device)
+            return await run_in_threadpool(
+                _store, db, upload, parsed, name, list(tag or []), who, now
+            )
+        finally:
+            snapshots.discard(upload)
+    finally:
+        gate.release()
+
+
+@router.get(
+    "",
+    response_model=SnapshotPage,
+    summary="List snapshots, newest first",
+    dependencies=[require("read")],
+)
+def list_snapshots(
+    s: SessionDep,
+    tag: Annotated[str | None, Query(max_length=64)] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
+) -> SnapshotPage:
+    filters = experiments.Filters(tag=tag, kind=snapshots.KIND)
+    rows, next_cursor = experiments.page(s, filters, limit, cursor)
+    return SnapshotPage(items=[snapshots.to_out(s, e) for e in rows], next_cursor=next_cursor)
+
+
+@router.get(
+    "/{snapshot_id}",
+    response_model=SnapshotOut,
+    summary="One snapshot, explained",
+    dependencies=[require("read")],
+)
+def read(exp: SnapshotDep, s: SessionDep) -> SnapshotOut:
+    """The summary made at import: peak (replayed, and PyTorch's counters where the
+    recorder saved them), blocks alive at the peak, largest blocks, categories (inferred),
+    segments, OOM events."""
+    return snapshots.to_out(s, exp)
+
+
+@router.get(
+    "/{snapshot_id}/peak",
+    response_model=PeakOut,
+    summary="What held memory at the peak",
+    dependencies=[require("read")],
+)
+def peak(exp: SnapshotDep, top: Annotated[int, Query(ge=1, le=20)] = 20) -> PeakOut:
+    """From the summary made at import (no replay): the same shape as an experiment's."""
+    summary = snapshots.summary(exp)
+    counters = summary.get("counters") or {}
+    return PeakOut.model_validate(
+        {
+            "experiment_id": exp.id,
+            "events": summary["events"],
+            "peak": summary["peak"],
+            "alive_at_peak": summary["alive_at_peak"][:top],
+            "alive_count": summary["alive_count"],
+            "largest": summary["largest"][:top],
+            "measured_allocated_peak": counters.get("allocated_peak"),
+        }
+    )
+
+
+@router.get(
+    "/{snapshot_id}/trace",
+    response_model=trace_routes.TracePage,
+    summary="The snapshot's trace, as an experiment's",
+    responses={200: {"content": {"application/x-ndjson": {}, "application/octet-stream": {}}}},
+    dependencies=[require("read")],
+)
+def trace(
+    exp: SnapshotDep,
+    s: SessionDep,
+    db: DbDep,
+    format: Literal["json", "ndjson", "memory_viz", "chrome"] = "json",
+    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    action: Annotated[list[str] | None, Query()] = None,
+    min_size: Annotated[int, Query(ge=0, le=2**62)] = 0,
+) -> Any:
+    """``memory_viz`` gives back the snapshot's own segments with its trace, so PyTorch's
+    viewer shows what it showed before import."""
+    if format == "memory_viz":
+        return StreamingResponse(
+            _memory_viz(db, exp.id, exp.device),
+            media_type="application/octet-stream",
+            headers={"Content-Disposition": f'attachment; filename="{exp.id}.pickle"'},
+        )
+    return trace_routes.trace(exp, s, db, format, offset, limit, action, min_size)
+
+
+def _memory_viz(db: Database, snapshot_id: str, device: str) -> Iterator[bytes]:
+    with db.session(write=False) as s:
+        exp = snapshots.get(s, snapshot_id)
+        segments = snapshots.segments(s, exp)
+        yield from exports.memory_viz(traces.iter_events(s, snapshot_id), device, segments)
+
+
+@router.get(
+    "/{snapshot_id}/timeline",
+    summary="Allocated and reserved bytes over time",
+    responses=FIGURE_RESPONSES,
+    response_class=Response,
+    dependencies=[require("read")],
+)
+def timeline(exp: SnapshotDep, s: SessionDep, format: FigureFormat = "html") -> Response:
+    return respond(figures.timeline(s, exp), format)

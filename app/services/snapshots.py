@@ -1,0 +1,279 @@
+"""Importing a PyTorch memory snapshot: received to a temp file, parsed in a bounded
+child process, stored as an experiment of kind ``snapshot`` with its trace in the trace
+table, so every view of an experiment works on it.
+
+The API never unpickles the upload: the child (``app.snapshots.parse``) does, with no
+globals, under an address-space limit and a time limit; the API reads back the child's
+gzip chunks one at a time, so its own memory stays flat whatever the snapshot's size.
+"""
+
+import gzip
+import hashlib
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+import app
+from app.contract import Status
+from app.core.config import Settings
+from app.errors import ApiError, NotFound, PayloadTooLarge
+from app.models import Experiment, ExperimentTag, Result, Snapshot, TraceChunk
+from app.schemas.snapshot import SnapshotOut
+
+KIND = "snapshot"
+_APP_ROOT = str(Path(app.__file__).resolve().parents[1])
+
+
+class SnapshotRefused(ApiError):
+    """The upload is not a snapshot we will read (it names a global, or is not one)."""
+
+    status_code = 422
+    type = "snapshot_refused"
+
+
+@dataclass
+class Upload:
+    folder: Path
+    path: Path
+    size: int
+    sha256: str
+    gzipped: bool
+
+
+async def receive(chunks: AsyncIterator[bytes], settings: Settings) -> Upload:
+    """Stream a request body to a temp file, counting and hashing; never held whole."""
+    folder = Path(tempfile.mkdtemp(prefix="vramlab-snapshot-"))
+    path = folder / "upload"
+    digest = hashlib.sha256()
+    size = 0
+    head = b""
+    try:
+        with path.open("wb") as out:
+            async for chunk in chunks:
+                size += len(chunk)
+                if size > settings.max_snapshot_bytes:
+                    raise PayloadTooLarge(
+                        f"a snapshot upload may be at most {settings.max_snapshot_bytes} bytes "
+                        "(VRAMLAB_MAX_SNAPSHOT_BYTES)"
+                    )
+                if len(head) < 2:
+                    head += chunk[:2]
+                digest.update(chunk)
+                out.write(chunk)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    if size == 0:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise SnapshotRefused("the body is empty: send the snapshot file as the request body")
+    return Upload(folder, path, size, digest.hexdigest(), head[:2] == b"\x1f\x8b")
+
+
+def _limits(memory: int, seconds: float) -> Callable[[], None]:
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
+        cpu = int(seconds) + 1
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu))
+
+    return apply
+
+
+@dataclass
+class Parsed:
+    out: Path
+    summary: dict[str, Any]
+
+
+def parse(upload: Upload, settings: Settings, device: int | None) -> Parsed:
+    """Run the parser child on the upload; refuse with 422 or 413 what it could not read."""
+    out = upload.folder / "out"
+    out.mkdir()
+    command = [
+        sys.executable,
+        "-m",
+        "app.snapshots.parse",
+        str(upload.path),
+        str(out),
+        "--max-expanded",
+        str(settings.max_snapshot_expanded_bytes),
+    ]
+    if device is not None:
+        command += ["--device", str(device)]
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "PYTHONPATH": _APP_ROOT,
+        "PYTHONHASHSEED": "0",
+    }
+    try:
+        done = subprocess.run(
+            command,
+            env=env,
+            cwd=upload.folder,
+            preexec_fn=_limits(
+                settings.snapshot_parse_memory_bytes, settings.snapshot_parse_seconds
+            ),
+            timeout=settings.snapshot_parse_seconds,
+            capture_output=True,
+        )
+    except subprocess.TimeoutExpired:
+        raise PayloadTooLarge(
+            f"parsing the snapshot took longer than {settings.snapshot_parse_seconds:.0f} s "
+            "(VRAMLAB_SNAPSHOT_PARSE_SECONDS)"
+        ) from None
+    result_file = out / "result.json"
+    if done.returncode != 0 or not result_file.exists():
+        raise PayloadTooLarge(
+            "the snapshot parser stopped before it finished (exit status "
+            f"{done.returncode}): the snapshot needs more than "
+            f"{settings.snapshot_parse_memory_bytes} bytes of memory or "
+            f"{settings.snapshot_parse_seconds:.0f} s of CPU to parse"
+        )
+    result = json.loads(result_file.read_text())
+    if not result.get("ok"):
+        message = str(result.get("message") or "not a memory snapshot")
+        if result.get("type") == "too_large":
+            raise PayloadTooLarge(message)
+        raise SnapshotRefused(message)
+    return Parsed(out, result["summary"])
+
+
+def store(
+    session: Session,
+    upload: Upload,
+    parsed: Parsed,
+    *,
+    name: str,
+    tags: list[str],
+    submitted_by: str | None,
+    now: datetime,
+) -> Experiment:
+    """The snapshot as a finished experiment, its trace chunk by chunk (one file in memory
+    at a time), its segments, in the caller's transaction."""
+    summary = dict(parsed.summary)
+    chunks = summary.pop("chunks")
+    has_frames = bool(summary["largest"] and summary["largest"][0].get("frames"))
+    exp = Experiment(
+        id=str(uuid.uuid4()),
+        kind=KIND,
+        name=name,
+        status=Status.SUCCEEDED,
+        op=KIND,
+        shape=[],
+        params={},
+        dtype="",
+        device=summary["device"],
+        device_type="cuda",
+        gpus_needed=0,
+        warmup=0,
+        repeat=1,
+        timeout_s=1.0,
+        allocator={},
+        trace_mode="stacks" if has_frames else "events",
+        predicted_bytes=0,
+        prediction={},
+        created_at=now,
+        started_at=now,
+        finished_at=now,
+        tag_rows=[ExperimentTag(tag=t) for t in dict.fromkeys(tags)],
+        submitted_by=submitted_by,
+    )
+    session.add(exp)
+    session.flush()
+    session.add(
+        Result(
+            experiment_id=exp.id,
+            attempt=0,
+            data={
+                "memory": summary["memory"],
+                "environment": summary.get("environment") or {},
+                "snapshot": summary,
+            },
+            trace_events=summary["events"],
+            created_at=now,
+        )
+    )
+    segments = (parsed.out / "segments.json.gz").read_bytes()
+    session.add(
+        Snapshot(
+            experiment_id=exp.id,
+            file_bytes=upload.size,
+            sha256=upload.sha256,
+            gzipped=upload.gzipped,
+            segments=segments,
+            created_at=now,
+        )
+    )
+    for chunk in chunks:
+        data = (parsed.out / f"chunk-{chunk['seq']:05d}.ndjson.gz").read_bytes()
+        row_ = TraceChunk(
+            experiment_id=exp.id,
+            seq=chunk["seq"],
+            first_event=chunk["first_event"],
+            n_events=chunk["n_events"],
+            data=data,
+        )
+        session.add(row_)
+        # Written now and let go: one chunk in memory at a time, whatever the trace's size.
+        session.flush()
+        session.expunge(row_)
+    return exp
+
+
+def discard(upload: Upload) -> None:
+    shutil.rmtree(upload.folder, ignore_errors=True)
+
+
+def get(session: Session, snapshot_id: str) -> Experiment:
+    exp = session.get(Experiment, snapshot_id)
+    if exp is None or exp.kind != KIND:
+        raise NotFound(f"no snapshot {snapshot_id!r}")
+    return exp
+
+
+def row(session: Session, exp: Experiment) -> Snapshot:
+    found = session.get(Snapshot, exp.id)
+    if found is None:
+        raise NotFound(f"snapshot {exp.id} has no stored file details")
+    return found
+
+
+def summary(exp: Experiment) -> dict[str, Any]:
+    data = exp.result.data if exp.result is not None else {}
+    out: dict[str, Any] = data.get("snapshot") or {}
+    return out
+
+
+def segments(session: Session, exp: Experiment) -> list[dict[str, Any]]:
+    """The segments as PyTorch wrote them, for the memory_viz export."""
+    loaded: list[dict[str, Any]] = json.loads(gzip.decompress(row(session, exp).segments))
+    return loaded
+
+
+def to_out(session: Session, exp: Experiment) -> SnapshotOut:
+    stored = row(session, exp)
+    return SnapshotOut.model_validate(
+        {
+            **summary(exp),
+            "id": exp.id,
+            "name": exp.name or "",
+            "tags": exp.tags,
+            "status": exp.status,
+            "created_at": exp.created_at,
+            "submitted_by": exp.submitted_by,
+            "file_bytes": stored.file_bytes,
+            "sha256": stored.sha256,
+            "gzipped": stored.gzipped,
+        }
+    )

@@ -1,0 +1,589 @@
+"""Turn a PyTorch memory snapshot file into vramlab's trace and a summary, in a child.
+
+Run as ``python -m app.snapshots.parse SRC OUT [--max-expanded N] [--chunk-events N]
+[--device N]`` by ``app.services.snapshots`` under memory and CPU limits, so a hostile or
+huge input can only kill this process. It never imports torch and never resolves a
+global (``safe_pickle``). It writes into OUT:
+
+- ``result.json``: ``{"ok": true, "summary": {...}}`` or ``{"ok": false, "type", "message"}``
+- ``chunk-NNNNN.ndjson.gz``: the chosen device's trace in vramlab's event schema, cut in
+  chunks ready for the trace table;
+- ``segments.json.gz``: that device's segments as PyTorch wrote them (for the round trip).
+
+Two passes over the entries in memory: the first finds the peak, the largest blocks and
+what was alive before the trace began (a ring buffer that filled up drops its oldest
+entries); the second writes the events and follows the blocks alive at the peak to
+their end, which their categories need.
+"""
+
+import argparse
+import gzip
+import heapq
+import json
+import math
+import sys
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from app.snapshots import categories as cat
+from app.snapshots import safe_pickle
+from app.snapshots.segments import summarise_segments
+
+MAX_FRAMES = 128
+TOP = 20
+MAX_OOMS = 50
+ACTIONS = frozenset(
+    {
+        "alloc",
+        "free_requested",
+        "free_completed",
+        "segment_alloc",
+        "segment_free",
+        "segment_map",
+        "segment_unmap",
+        "snapshot",
+        "oom",
+    }
+)
+# PyTorch names the completion of a free "free_completed"; vramlab's schema says "free".
+RENAME = {"free_completed": "free"}
+FREE_ACTIONS = ("free_requested", "free_completed")
+GROWS = ("segment_alloc", "segment_map")
+SHRINKS = ("segment_free", "segment_unmap")
+
+
+class Invalid(Exception):
+    """The data is a pickle of plain values but not a memory snapshot."""
+
+
+def _int(value: Any, what: str) -> int:
+    if type(value) is int or type(value) is bool:
+        return int(value)
+    raise Invalid(f"{what} is {type(value).__name__}, not an integer")
+
+
+def _frame_json(frame: Any) -> str:
+    if type(frame) is not dict:
+        raise Invalid("a frame is not a dict")
+    filename = frame.get("filename", "")
+    name = frame.get("name", "")
+    line = frame.get("line", 0)
+    if type(filename) is not str or type(name) is not str or type(line) is not int:
+        raise Invalid("a frame needs a string filename and name and an integer line")
+    return json.dumps({"filename": filename, "line": line, "name": name}, ensure_ascii=False)
+
+
+class Stacks:
+    """Frames to JSON and to a site, computed once per distinct stack."""
+
+    def __init__(self) -> None:
+        self._frame: dict[int, str] = {}
+        self._json: dict[tuple[int, ...], str] = {}
+        self._site: dict[tuple[int, ...], int] = {}
+        self._zero: dict[tuple[int, ...], bool] = {}
+
+    def key(self, frames: Any) -> tuple[int, ...]:
+        if not frames:
+            return ()
+        if type(frames) is not list and type(frames) is not tuple:
+            raise Invalid("frames is not a list")
+        return tuple(map(id, frames))
+
+    def json(self, key: tuple[int, ...], frames: Any) -> str:
+        text = self._json.get(key)
+        if text is None:
+            parts = []
+            for frame in frames[:MAX_FRAMES]:
+                part = self._frame.get(id(frame))
+                if part is None:
+                    part = self._frame[id(frame)] = _frame_json(frame)
+                parts.append(part)
+            text = self._json[key] = "[" + ",".join(parts) + "]"
+        return text
+
+    def site(self, key: tuple[int, ...], frames: Any) -> int:
+        where = self._site.get(key)
+        if where is None:
+            where = self._site[key] = cat.site(frames)
+        return where
+
+    def zero_grad(self, key: tuple[int, ...], frames: Any) -> bool:
+        found = self._zero.get(key)
+        if found is None:
+            found = self._zero[key] = cat.has_zero_grad(frames)
+        return found
+
+
+def _check_entry(e: Any) -> str:
+    if type(e) is not dict:
+        raise Invalid("a trace entry is not a dict")
+    action = e.get("action")
+    if action not in ACTIONS:
+        raise Invalid(f"unknown trace action {str(action)[:40]!r}")
+    return str(action)
+
+
+def _pick_device(traces: list[Any], segments: list[Any], asked: int | None) -> int:
+    if asked is not None:
+        return asked
+    if any(traces):
+        return max(range(len(traces)), key=lambda i: len(traces[i]))
+    counts: dict[int, int] = {}
+    for s in segments:
+        d = s.get("device", 0) if type(s) is dict else 0
+        if type(d) is int:
+            counts[d] = counts.get(d, 0) + 1
+    return max(counts, key=lambda d: counts[d]) if counts else 0
+
+
+def _validate_top(data: Any) -> tuple[list[Any], list[Any]]:
+    if type(data) is not dict:
+        raise Invalid("a memory snapshot is a dict with 'segments' and 'device_traces'")
+    traces = data.get("device_traces", [])
+    segments = data.get("segments", [])
+    if type(traces) is not list or any(type(t) is not list for t in traces):
+        raise Invalid("'device_traces' must be a list of lists")
+    if type(segments) is not list or any(type(s) is not dict for s in segments):
+        raise Invalid("'segments' must be a list of dicts")
+    if "device_traces" not in data and "segments" not in data:
+        raise Invalid("a memory snapshot has 'segments' or 'device_traces'")
+    return traces, segments
+
+
+def _pre_trace(
+    trace: list[Any], segments: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Segments and blocks that existed before the first entry: freed without an alloc in
+    the trace, or alive at the end (in the segments) with none."""
+    known: dict[Any, int] = {}
+    seg_known: dict[Any, int] = {}
+    blocks: dict[Any, dict[str, Any]] = {}
+    segs: dict[Any, dict[str, Any]] = {}
+    for e in trace:
+        action = e["action"]
+        addr = e.get("addr")
+        if action == "alloc":
+            known[addr] = 1
+        elif action == "free_completed":
+            if known.pop(addr, None) is None and addr not in blocks:
+                blocks[addr] = {"addr": addr, "size": _int(e.get("size", 0), "size"), "frames": []}
+        elif action in GROWS:
+            seg_known[addr] = 1
+        elif action in SHRINKS and seg_known.pop(addr, None) is None and addr not in segs:
+            segs[addr] = {"addr": addr, "size": _int(e.get("size", 0), "size")}
+    for s in segments:
+        addr = s.get("address")
+        if addr not in seg_known and addr not in segs and not s.get("is_expandable"):
+            segs[addr] = {"addr": addr, "size": _int(s.get("total_size", 0), "total_size")}
+        for b in s.get("blocks") or ():
+            if type(b) is not dict or not str(b.get("state", "")).startswith("active"):
+                continue
+            baddr = b.get("address")
+            if baddr not in known and baddr not in blocks:
+                frames = b.get("frames") or []
+                blocks[baddr] = {
+                    "addr": baddr,
+                    "size": _int(b.get("size", 0), "block size"),
+                    "frames": frames if type(frames) is list else [],
+                }
+    return list(segs.values()), list(blocks.values())
+
+
+class Replay:
+    """Pass one: allocated and reserved after each entry, the peak, the largest blocks."""
+
+    def __init__(self, baseline: int, reserved: int) -> None:
+        self.allocated = baseline
+        self.reserved = reserved
+        self.peak = baseline
+        self.peak_index = -1
+        self.peak_reserved = reserved
+        self.reserved_peak = reserved
+        self.live: dict[Any, int] = {}
+        self.largest: list[tuple[int, int]] = []  # min-heap of (size, -index)
+
+    def run(self, trace: list[Any], pre_blocks: list[dict[str, Any]]) -> None:
+        live = self.live
+        for b in pre_blocks:
+            live[b["addr"]] = b["size"]
+        for i, e in enumerate(trace):
+            action = e["action"]
+            if action == "alloc":
+                size = _int(e.get("size", 0), "size")
+                live[e.get("addr")] = size
+                self.allocated += size
+                if self.allocated > self.peak:
+                    self.peak = self.allocated
+                    self.peak_index = i
+                    self.peak_reserved = self.reserved
+                item = (size, -i)
+                if len(self.largest) < TOP:
+                    heapq.heappush(self.largest, item)
+                elif item > self.largest[0]:
+                    heapq.heapreplace(self.largest, item)
+            elif action == "free_completed":
+                freed = live.pop(e.get("addr"), None)
+                if freed is not None:
+                    self.allocated -= freed
+            elif action in GROWS:
+                self.reserved += _int(e.get("size", 0), "size")
+                self.reserved_peak = max(self.reserved_peak, self.reserved)
+            elif action in SHRINKS:
+                self.reserved = max(0, self.reserved - _int(e.get("size", 0), "size"))
+
+
+class ChunkWriter:
+    """gzip NDJSON chunks of ``per_chunk`` events, compressed as they are written."""
+
+    def __init__(self, out: Path, per_chunk: int) -> None:
+        self.out = out
+        self.per_chunk = per_chunk
+        self.chunks: list[dict[str, int]] = []
+        self._lines: list[str] = []
+        self._first = 0
+
+    def add(self, line: str) -> None:
+        self._lines.append(line)
+        if len(self._lines) >= self.per_chunk:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self._lines:
+            return
+        n = len(self.chunks)
+        path = self.out / f"chunk-{n:05d}.ndjson.gz"
+        comp = zlib.compressobj(1, zlib.DEFLATED, 31)
+        data = ("\n".join(self._lines) + "\n").encode()
+        path.write_bytes(comp.compress(data) + comp.flush())
+        self.chunks.append({"seq": n, "first_event": self._first, "n_events": len(self._lines)})
+        self._first += len(self._lines)
+        self._lines = []
+
+
+def _num(value: Any) -> str:
+    if value is None:
+        return "null"
+    if type(value) is int:
+        return str(value)
+    if type(value) is float and math.isfinite(value):
+        return repr(value)
+    raise Invalid("a number in a trace entry is not a finite number")
+
+
+def _block_out(
+    seq: int, addr: Any, size: int, t_us: float, frames: Any, category: str
+) -> dict[str, Any]:
+    return {
+        "addr": addr,
+        "size": size,
+        "seq": seq,
+        "t_us": t_us,
+        "phase": None,
+        "frames": [json.loads(f) for f in _frames_json(frames)],
+        "category": category,
+    }
+
+
+def _frames_json(frames: Any) -> Iterator[str]:
+    for frame in (frames or [])[:MAX_FRAMES]:
+        yield _frame_json(frame)
+
+
+def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> dict[str, Any]:
+    traces, all_segments = _validate_top(data)
+    index = _pick_device(traces, all_segments, asked_device)
+    if index < 0 or (traces and index >= len(traces)) or (not traces and index != 0):
+        raise Invalid(f"the snapshot has no device {index}")
+    trace: list[Any] = traces[index] if traces else []
+    segments = [s for s in all_segments if s.get("device", index) == index]
+    device = f"cuda:{index}"
+    for e in trace:
+        _check_entry(e)
+    pre_segs, pre_blocks = _pre_trace(trace, segments)
+    baseline = sum(b["size"] for b in pre_blocks)
+    reserved0 = sum(s["size"] for s in pre_segs)
+    replay = Replay(baseline, reserved0)
+    replay.run(trace, pre_blocks)
+
+    times = [e.get("time_us") for e in (trace[0], trace[-1])] if trace else []
+    timed = bool(trace) and all(type(t) in (int, float) for t in times)
+    t0 = float(times[0]) if timed else 0.0
+    stacks = Stacks()
+    writer = ChunkWriter(out, per_chunk)
+    seq = 0
+    for s in pre_segs:
+        writer.add(
+            f'{{"seq":{seq},"t_us":0.0,"action":"segment_alloc","addr":{_num(s["addr"])},'
+            f'"size":{s["size"]},"device":"{device}","stream":null,"phase":null,'
+            f'"pre_trace":true}}'
+        )
+        seq += 1
+    live: dict[Any, tuple[int, int, int, Any, float]] = {}  # addr -> size, seq, site, frames, t
+    for b in pre_blocks:
+        key = stacks.key(b["frames"])
+        writer.add(
+            f'{{"seq":{seq},"t_us":0.0,"action":"alloc","addr":{_num(b["addr"])},'
+            f'"size":{b["size"]},"device":"{device}","stream":null,"phase":null,'
+            f'"pre_trace":true,"frames":{stacks.json(key, b["frames"])}}}'
+        )
+        live[b["addr"]] = (b["size"], seq, stacks.site(key, b["frames"]), b["frames"], 0.0)
+        seq += 1
+    offset = seq
+    peak_at = replay.peak_index
+    alive: dict[Any, tuple[int, int, int, Any, float]] = dict(live) if peak_at < 0 else {}
+    fates: dict[int, tuple[int, bool, int, int, int]] = {}  # seq -> free seq, zero_grad, lasts
+    last = [-1, -1, -1]  # latest backward, forward, optimizer allocation (seq)
+    zero_grad_addrs: set[Any] = set()
+    ooms: list[dict[str, Any]] = []
+    n_ooms = 0
+    t_us = 0.0
+    for i, e in enumerate(trace):
+        action = e["action"]
+        addr = e.get("addr")
+        size = _int(e.get("size", 0), "size")
+        frames = e.get("frames") or ()
+        key = stacks.key(frames)
+        if timed:
+            t = e.get("time_us")
+            t_us = float(t) - t0 if type(t) in (int, float) else t_us
+        else:
+            t_us = float(i)
+        stream = e.get("stream")
+        line = (
+            f'{{"seq":{seq},"t_us":{t_us!r},"action":"{RENAME.get(action, action)}",'
+            f'"addr":{_num(addr)},"size":{size},"device":"{device}","stream":{_num(stream)},'
+            f'"phase":null'
+        )
+        if action == "oom":
+            free = e.get("device_free")
+            line += f',"device_free":{_num(free if type(free) is int else None)}'
+            n_ooms += 1
+            if len(ooms) < MAX_OOMS:
+                ooms.append(
+                    {
+                        "seq": seq,
+                        "t_us": t_us,
+                        "requested": size,
+                        "device_free": free if type(free) is int else None,
+                        "frames": [json.loads(f) for f in _frames_json(frames)],
+                    }
+                )
+        # A free whose frames are its block's (PyTorch's context="alloc") stores none:
+        # readers take them from the allocation, which keeps the stored trace a third
+        # of the size. A free recorded with its own call site (context="all") keeps it.
+        if key and (action not in FREE_ACTIONS or _own_site(live.get(addr), key, stacks)):
+            line += ',"frames":' + stacks.json(key, frames)
+        writer.add(line + "}")
+        if action == "alloc":
+            where = stacks.site(key, frames)
+            if where == cat.BACKWARD:
+                last[0] = seq
+            elif where == cat.FORWARD:
+                last[1] = seq
+            elif where == cat.OPTIMIZER:
+                last[2] = seq
+            live[addr] = (size, seq, where, frames, t_us)
+        elif action == "free_requested":
+            if key and stacks.zero_grad(key, frames):
+                zero_grad_addrs.add(addr)
+        elif action == "free_completed":
+            block = live.pop(addr, None)
+            zero = addr in zero_grad_addrs or (bool(key) and stacks.zero_grad(key, frames))
+            zero_grad_addrs.discard(addr)
+            if block is not None and block[1] in alive_seqs(alive, addr, block):
+                fates[block[1]] = (seq, zero, last[0], last[1], last[2])
+        if i == peak_at:
+            alive = dict(live)
+        seq += 1
+    writer.flush()
+
+    by_category: dict[str, list[int]] = {c: [0, 0] for c in cat.CATEGORIES}
+    blocks_out: list[tuple[int, int, Any, float, Any, str]] = []
+    for baddr, (size, bseq, where, frames, bt) in alive.items():
+        fate = fates.get(bseq)
+        name = cat.category(
+            where,
+            bseq,
+            fate[0] if fate else None,
+            fate[1] if fate else False,
+            fate[2] if fate else last[0],
+            fate[3] if fate else last[1],
+            fate[4] if fate else last[2],
+        )
+        by_category[name][0] += size
+        by_category[name][1] += 1
+        blocks_out.append((size, bseq, baddr, bt, frames, name))
+    blocks_out.sort(key=lambda b: (-b[0], b[1]))
+    top_alive = [_block_out(q, a, s, t, f, c) for s, q, a, t, f, c in blocks_out[:TOP]]
+    largest = []
+    for size, neg in sorted(replay.largest, reverse=True):
+        e = trace[-neg]
+        e_t = float(e["time_us"]) - t0 if timed and type(e.get("time_us")) in (int, float) else 0.0
+        largest.append(
+            _block_out(
+                offset - neg,
+                e.get("addr"),
+                size,
+                e_t if timed else float(-neg),
+                e.get("frames"),
+                "",
+            )
+        )
+    peak_seq = offset + peak_at if peak_at >= 0 else None
+    peak_t = 0.0
+    if peak_at >= 0:
+        pt = trace[peak_at].get("time_us")
+        peak_t = float(pt) - t0 if timed and type(pt) in (int, float) else float(peak_at)
+    seg_summary = summarise_segments(segments)
+    with gzip.open(out / "segments.json.gz", "wt", compresslevel=1) as f:
+        json.dump(segments, f, default=_plain)
+    stats = _counters(data.get("memory_stats"), index)
+    environment = data.get("environment")
+    memory = {
+        "allocated_before": baseline,
+        "allocated_after": replay.allocated,
+        "allocated_peak": replay.peak,
+        "reserved_before": reserved0,
+        "reserved_after": replay.reserved if trace else seg_summary["reserved"],
+        "reserved_peak": replay.reserved_peak if trace else seg_summary["reserved"],
+        "delta_allocated": replay.allocated - baseline,
+        "host_rss_before": None,
+        "host_rss_after": None,
+    }
+    settings = data.get("allocator_settings")
+    return {
+        "device": device,
+        "devices": [{"index": n, "entries": len(t)} for n, t in enumerate(traces)],
+        "entries": len(trace),
+        "events": seq,
+        "chunks": writer.chunks,
+        "time_recorded": timed,
+        "duration_us": t_us if timed else None,
+        "pre_trace": {"blocks": len(pre_blocks), "bytes": baseline, "segments": len(pre_segs)},
+        "memory": memory,
+        "peak": {
+            "seq": peak_seq,
+            "t_us": peak_t,
+            "phase": None,
+            "allocated": replay.peak,
+            "reserved": replay.peak_reserved,
+        },
+        "alive_at_peak": top_alive,
+        "alive_count": len(alive),
+        "largest": largest,
+        "categories": [
+            {
+                "category": c,
+                "bytes": by_category[c][0],
+                "blocks": by_category[c][1],
+                "rule": cat.RULES[c],
+                "inference": True,
+            }
+            for c in cat.CATEGORIES
+        ],
+        "segments": seg_summary,
+        "ooms": ooms,
+        "oom_count": n_ooms,
+        "counters": stats,
+        "environment": _plain_dict(environment),
+        "allocator_settings": _plain_dict(settings),
+    }
+
+
+def _own_site(block: tuple[Any, ...] | None, key: tuple[int, ...], stacks: Stacks) -> bool:
+    """Whether a free's frames differ from those its block was allocated with."""
+    if block is None:
+        return True
+    return stacks.key(block[3]) != key
+
+
+def alive_seqs(
+    alive: dict[Any, tuple[int, int, int, Any, float]], addr: Any, block: tuple[Any, ...]
+) -> tuple[int, ...]:
+    """The seq of the block alive at the peak at ``addr``, if it is this block."""
+    held = alive.get(addr)
+    return (held[1],) if held is not None and held[1] == block[1] else ()
+
+
+def _counters(stats: Any, index: int) -> dict[str, int] | None:
+    """PyTorch's own counters, where the recorder saved ``torch.cuda.memory_stats()``."""
+    if type(stats) is list:
+        stats = stats[index] if index < len(stats) else None
+    if type(stats) is not dict:
+        return None
+    names = {
+        "allocated_bytes.all.peak": "allocated_peak",
+        "allocated_bytes.all.current": "allocated_current",
+        "reserved_bytes.all.peak": "reserved_peak",
+        "reserved_bytes.all.current": "reserved_current",
+        "num_ooms": "num_ooms",
+        "num_alloc_retries": "num_alloc_retries",
+    }
+    return {ours: stats[theirs] for theirs, ours in names.items() if type(stats.get(theirs)) is int}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, set | frozenset):
+        return list(value)
+    return str(value)
+
+
+def _plain_dict(value: Any) -> dict[str, Any]:
+    if type(value) is not dict:
+        return {}
+    text = json.dumps(value, default=_plain)
+    if len(text) > 64_000:
+        return {"note": "too large to keep"}
+    out: dict[str, Any] = json.loads(text)
+    return out
+
+
+def _load(src: Path, out: Path, max_expanded: int) -> Any:
+    with src.open("rb") as f:
+        magic = f.read(2)
+    if magic == safe_pickle.GZIP_MAGIC:
+        raw = out / "snapshot.pickle"
+        with src.open("rb") as f, raw.open("wb") as dst:
+            safe_pickle.gunzip_to(f, dst, max_expanded)
+        src.unlink(missing_ok=True)  # the API's temp file: free its disk space early
+        src = raw
+    with src.open("rb") as f:
+        return safe_pickle.load(f)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("src", type=Path)
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--max-expanded", type=int, default=2**31)
+    parser.add_argument("--chunk-events", type=int, default=50_000)
+    parser.add_argument("--device", type=int, default=None)
+    args = parser.parse_args(argv)
+    result: dict[str, Any]
+    try:
+        data = _load(args.src, args.out, args.max_expanded)
+        result = {"ok": True, "summary": convert(data, args.out, args.chunk_events, args.device)}
+    except safe_pickle.Refused as exc:
+        result = {"ok": False, "type": "refused", "message": str(exc)}
+    except safe_pickle.TooLarge as exc:
+        result = {"ok": False, "type": "too_large", "message": str(exc)}
+    except Invalid as exc:
+        result = {"ok": False, "type": "invalid", "message": f"not a memory snapshot: {exc}"}
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        result = {"ok": False, "type": "invalid", "message": f"truncated or bad data: {exc}"}
+    except MemoryError:
+        result = {"ok": False, "type": "too_large", "message": "parsing needs more memory"}
+    except RecursionError:
+        result = {"ok": False, "type": "invalid", "message": "the data nests too deeply"}
+    except Exception as exc:  # any other failure of the unpickler is a bad input
+        result = {"ok": False, "type": "invalid", "message": f"not a pickle we can read: {exc}"}
+    (args.out / "result.json").write_text(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
