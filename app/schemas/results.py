@@ -93,3 +93,13 @@ class CompareOut(BaseModel):
     )
     environment: dict[str, list[Any]] = Field(description="environment keys whose values differ")
     environment_same: dict[str, Any]
+    categories: dict[str, list[int | None]] = Field(
+        default_factory=dict,
+        description="bytes alive at the peak by inferred category (snapshots; null for an "
+        "experiment, whose trace is not categorised)",
+    )
+    summary: list[str] = Field(
+        default_factory=list,
+        description="each item against the first, in words: its peak and the category "
+        "that differs most",
+    )

@@ -44,6 +44,8 @@ def peak(session: Session, exp: Experiment, top: int) -> PeakOut:
 
 
 def label(exp: Experiment) -> str:
+    if exp.kind == "snapshot":
+        return f"{exp.name} (snapshot {exp.id[:8]})"
     shape = "x".join(str(d) for d in exp.shape)
     return f"{exp.op} {shape} {exp.dtype} {exp.device} ({exp.id[:8]})"
 
