@@ -490,3 +490,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("compare", parents=[common], help="experiments side by side")
     p.add_argument("ids", nargs="+")
     p.set_defaults(func=_run(cmd_compare))
+
+    from app import recorder  # vramlab record -- python train.py: its own module
+
+    recorder.register(sub, common)

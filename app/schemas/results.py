@@ -80,6 +80,7 @@ class SweepOut(BaseModel):
 
 class CompareItem(BaseModel):
     id: str
+    kind: str = Field(default="experiment", description="experiment or snapshot")
     status: Status
     label: str
     spec: dict[str, Any]

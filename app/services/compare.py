@@ -101,6 +101,7 @@ def compare(exps: list[Experiment]) -> CompareOut:
     items = [
         CompareItem(
             id=e.id,
+            kind=e.kind,
             status=e.status,  # type: ignore[arg-type]
             label=label(e),
             spec=experiments.to_out(e).spec.model_dump(),

@@ -5,6 +5,7 @@ Reads go through the same services and the same ``read`` scope as the JSON API; 
 submit form posts to ``POST /v1/experiments`` from the browser, with a token if given.
 """
 
+import contextlib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -20,7 +21,7 @@ from app.plots import html
 from app.plots.chart import human_bytes
 from app.schemas.experiment import Status
 from app.schemas.preset import PresetRun
-from app.services import compare, experiments, figures, presets, sweeps, workers
+from app.services import compare, experiments, figures, presets, snapshots, sweeps, workers
 from app.services.auth import Principal
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parents[2] / "ui" / "templates"))
@@ -141,6 +142,17 @@ def experiment(
         except NotFound:
             pass  # no trace: the page shows the figures alone
     return _page(request, "experiment.html", exp=out, chart=chart, peak=peak)
+
+
+@router.get("/snapshots/{snapshot_id}", response_class=HTMLResponse)
+def snapshot(
+    request: Request, snapshot_id: Annotated[str, PathParam(max_length=64)], s: SessionDep
+) -> HTMLResponse:
+    exp = snapshots.get(s, snapshot_id)
+    chart = None
+    with contextlib.suppress(NotFound):  # a snapshot of segments alone has no trace
+        chart = html.fragment(figures.timeline(s, exp))
+    return _page(request, "snapshot.html", snap=snapshots.to_out(s, exp), chart=chart)
 
 
 @router.get("/sweeps/{sweep_id}", response_class=HTMLResponse)

@@ -1,0 +1,80 @@
+"""Turns on PyTorch's allocation history in a program that ``vramlab record`` runs, and
+dumps the snapshot at exit and at the first CUDA out-of-memory error.
+
+Python imports ``sitecustomize`` at start-up from the PYTHONPATH; ``vramlab record`` puts
+this folder first and says where to write in ``VRAMLAB_RECORD_OUT``. Only the first
+Python process of the program records (its children inherit a marker and skip), and a
+program without CUDA is left alone with a warning. The dump is PyTorch's own snapshot,
+plus ``memory_stats`` (PyTorch's counters, per device) and ``environment``.
+"""
+
+import os
+import sys
+
+
+def _start(out: str) -> None:
+    try:
+        import torch
+    except ImportError:
+        sys.stderr.write("vramlab record: torch is not importable here; nothing recorded\n")
+        return
+    if not torch.cuda.is_available():
+        sys.stderr.write("vramlab record: no CUDA device; nothing recorded\n")
+        return
+    import atexit
+    import pickle
+    import platform
+
+    stacks = os.environ.get("VRAMLAB_RECORD_STACKS", "all")
+    max_entries = int(os.environ.get("VRAMLAB_RECORD_MAX_ENTRIES", str(sys.maxsize)))
+    torch.cuda.memory._record_memory_history(
+        enabled="all", context="all", stacks=stacks, max_entries=max_entries
+    )
+
+    def dump(path: str) -> None:
+        snapshot = torch.cuda.memory._snapshot()
+        count = torch.cuda.device_count()
+        snapshot["memory_stats"] = [torch.cuda.memory_stats(i) for i in range(count)]
+        props = torch.cuda.get_device_properties(0)
+        snapshot["environment"] = {
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "gpu_name": props.name,
+            "gpu_total_memory": int(props.total_memory),
+            "gpus": count,
+            "python": platform.python_version(),
+            "argv": [str(a)[:200] for a in sys.argv[:20]],
+            "stacks": stacks,
+            "max_entries": max_entries if max_entries < sys.maxsize else None,
+        }
+        tmp = path + ".part"
+        with open(tmp, "wb") as f:
+            pickle.dump(snapshot, f, protocol=4)
+        os.replace(tmp, path)
+
+    dumped_oom: list[bool] = []
+
+    def on_oom(device: int, alloc: int, device_alloc: int, device_free: int) -> None:
+        # The first OOM: kept even if the program is then killed before it exits.
+        if not dumped_oom:
+            dumped_oom.append(True)
+            try:
+                dump(out + ".oom")
+            except Exception as exc:  # never turn an OOM into a different failure
+                sys.stderr.write(f"vramlab record: could not dump at the OOM: {exc}\n")
+
+    torch._C._cuda_attach_out_of_memory_observer(on_oom)  # type: ignore[attr-defined]
+
+    def at_exit() -> None:
+        try:
+            dump(out)
+        except Exception as exc:
+            sys.stderr.write(f"vramlab record: could not dump the snapshot: {exc}\n")
+
+    atexit.register(at_exit)
+
+
+_OUT = os.environ.get("VRAMLAB_RECORD_OUT")
+if _OUT and not os.environ.get("VRAMLAB_RECORD_OWNER"):
+    os.environ["VRAMLAB_RECORD_OWNER"] = str(os.getpid())
+    _start(_OUT)

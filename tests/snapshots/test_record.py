@@ -1,0 +1,78 @@
+"""``vramlab record``: runs a program with the recording bootstrap on its PYTHONPATH,
+uploads the snapshot it leaves, prints the page, exits with the program's status."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import LiveServer
+
+# Stands in for the bootstrap's dump where there is no GPU: writes what PyTorch's
+# _dump_snapshot would, where vramlab record asked for it, then exits with a status.
+FAKE_PROGRAM = textwrap.dedent(
+    """
+    import os, pickle, sys
+    sys.path.insert(0, {root!r})
+    from tests.snapshots.synthetic import training_snapshot
+    assert os.environ["VRAMLAB_RECORD_OWNER"] == str(os.getpid())  # the bootstrap ran
+    with open(os.environ["VRAMLAB_RECORD_OUT"], "wb") as f:
+        pickle.dump(training_snapshot(iterations=2), f)
+    sys.exit(int(sys.argv[1]))
+    """
+)
+
+
+def _record(server: LiveServer, program: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "record",
+            "--api",
+            server.url,
+            *args,
+            "--",
+            sys.executable,
+            str(program),
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_record_uploads_what_the_program_left_and_keeps_its_status(
+    server: LiveServer, client: httpx.Client, tmp_path: Path
+) -> None:
+    program = tmp_path / "train.py"
+    program.write_text(FAKE_PROGRAM.format(root=str(Path(__file__).resolve().parents[2])))
+    done = _record(server, program, "--name", "my run", "--tag", "x")
+    assert done.returncode == 3, done.stderr
+    url = done.stdout.strip().splitlines()[-1]
+    assert url.startswith(f"{server.url}/ui/snapshots/")
+    snap_id = url.rsplit("/", 1)[1]
+    snap = client.get(f"/v1/snapshots/{snap_id}").json()
+    assert snap["name"] == "my run" and snap["gzipped"]
+    assert sorted(snap["tags"]) == ["failed", "x"]  # the program exited non-zero
+    page = client.get(url)
+    assert page.status_code == 200 and "optimizer state" in page.text
+
+
+def test_record_without_cuda_says_so(server: LiveServer, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this checks the message on a machine without CUDA")
+    program = tmp_path / "noop.py"
+    program.write_text("import sys; sys.exit(int(sys.argv[1]))\n")
+    done = _record(server, program)
+    assert "no CUDA device; nothing recorded" in done.stderr
+    assert "left no snapshot" in done.stderr
+    assert done.returncode == 3
