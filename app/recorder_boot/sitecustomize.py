@@ -34,7 +34,8 @@ def _start(out: str) -> None:
     def dump(path: str) -> None:
         snapshot = torch.cuda.memory._snapshot()
         count = torch.cuda.device_count()
-        snapshot["memory_stats"] = [torch.cuda.memory_stats(i) for i in range(count)]
+        # Plain dicts: memory_stats() is an OrderedDict, a class vramlab's loader refuses.
+        snapshot["memory_stats"] = [dict(torch.cuda.memory_stats(i)) for i in range(count)]
         props = torch.cuda.get_device_properties(0)
         snapshot["environment"] = {
             "torch": torch.__version__,

@@ -108,6 +108,7 @@ def parse(upload: Upload, settings: Settings, device: int | None) -> Parsed:
         str(out),
         "--max-expanded",
         str(settings.max_snapshot_expanded_bytes),
+        "--delete-src",
     ]
     if device is not None:
         command += ["--device", str(device)]

@@ -6,7 +6,8 @@ A site is read from the frames (innermost first, as PyTorch records them); a blo
 category then depends on its site and on how long it lived: an optimizer block that
 survives into a later forward is optimizer state, a backward block that survives its
 backward is a gradient, a forward block freed after a later backward began was saved for
-that backward (an activation). Blocks whose site says nothing are ``other``.
+that backward (an activation). Blocks whose site says nothing, and library workspaces,
+are ``other``.
 """
 
 from collections.abc import Sequence
@@ -15,7 +16,7 @@ from typing import Any
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
 
 # Sites, from frames.
-OPTIMIZER, BACKWARD, PARAMETER, FORWARD, NONE, EMPTY = range(6)
+OPTIMIZER, BACKWARD, PARAMETER, FORWARD, NONE, EMPTY, WORKSPACE = range(7)
 
 RULES = {
     "parameters": "allocated while a module was built or moved (nn.Module __init__, "
@@ -25,16 +26,20 @@ RULES = {
     "optimizer_state": "allocated inside torch.optim (an optimizer step) and alive into a later "
     "forward, or never freed",
     "activations": "allocated in a module's forward and freed only after a later backward "
-    "began (saved for backward), or never freed",
+    "began (saved for backward)",
     "temporaries": "allocated in forward, backward or an optimizer step and freed before "
     "that work was done",
-    "other": "no recorded frame says what it was for (no stack, or user code outside "
-    "modules, autograd and optimizers)",
+    "other": "a library workspace (cuBLAS, seen in C++ frames), a forward allocation kept "
+    "to the end (an output still referenced, or a workspace where only Python frames were "
+    "recorded), or no recorded frame says what it was for (no stack: with Python frames "
+    "alone, backward runs on autograd's thread and records none)",
 }
 
 _PARAM_NAMES = frozenset({"__init__", "reset_parameters", "_apply", "to", "cuda", "convert"})
 _BACKWARD_NAMES = frozenset({"backward", "_engine_run_backward", "run_backward", "grad"})
 _FORWARD_IMPL = frozenset({"_call_impl", "_wrapped_call_impl"})
+# C++ frames of cuBLAS's workspace, made on a handle's first use and kept for the process.
+_WORKSPACE_NAMES = ("setWorkspaceForHandle", "getCUDABlasLtWorkspace", "getCurrentCUDABlasHandle")
 
 
 def site(frames: Sequence[Any]) -> int:
@@ -51,6 +56,8 @@ def site(frames: Sequence[Any]) -> int:
             continue
         if "torch/optim/" in filename:
             return OPTIMIZER
+        if any(w in name for w in _WORKSPACE_NAMES):
+            return WORKSPACE
         if "autograd::Engine" in name or "autograd::engine" in name:
             return BACKWARD
         if name in _BACKWARD_NAMES and (
@@ -101,7 +108,9 @@ def category(
             return "gradients"
         return "temporaries"
     if where == FORWARD:
-        if never_freed or last_backward_before_free > alloc_index:
+        if never_freed:
+            return "other"
+        if last_backward_before_free > alloc_index:
             return "activations"
         return "temporaries"
     return "other"

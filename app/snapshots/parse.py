@@ -31,7 +31,7 @@ from app.snapshots import categories as cat
 from app.snapshots import safe_pickle
 from app.snapshots.segments import summarise_segments
 
-MAX_FRAMES = 128
+MAX_FRAMES = 256
 TOP = 20
 MAX_OOMS = 50
 ACTIONS = frozenset(
@@ -56,6 +56,15 @@ SHRINKS = ("segment_free", "segment_unmap")
 
 class Invalid(Exception):
     """The data is a pickle of plain values but not a memory snapshot."""
+
+
+def block_size(n: int) -> int:
+    """The caching allocator's block for a request of ``n`` bytes: rounded up to 512.
+
+    Trace entries carry the size asked for; ``torch.cuda.memory_allocated`` counts blocks,
+    so vramlab's figures count them too (a block the allocator did not split can be larger
+    still; the trace cannot show that)."""
+    return (n + 511) & ~511 if n > 0 else 0
 
 
 def _int(value: Any, what: str) -> int:
@@ -168,7 +177,8 @@ def _pre_trace(
             known[addr] = 1
         elif action == "free_completed":
             if known.pop(addr, None) is None and addr not in blocks:
-                blocks[addr] = {"addr": addr, "size": _int(e.get("size", 0), "size"), "frames": []}
+                size = block_size(_int(e.get("size", 0), "size"))
+                blocks[addr] = {"addr": addr, "size": size, "frames": []}
         elif action in GROWS:
             seg_known[addr] = 1
         elif action in SHRINKS and seg_known.pop(addr, None) is None and addr not in segs:
@@ -211,7 +221,7 @@ class Replay:
         for i, e in enumerate(trace):
             action = e["action"]
             if action == "alloc":
-                size = _int(e.get("size", 0), "size")
+                size = block_size(_int(e.get("size", 0), "size"))
                 live[e.get("addr")] = size
                 self.allocated += size
                 if self.allocated > self.peak:
@@ -384,7 +394,7 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
                 last[1] = seq
             elif where == cat.OPTIMIZER:
                 last[2] = seq
-            live[addr] = (size, seq, where, frames, t_us)
+            live[addr] = (block_size(size), seq, where, frames, t_us)
         elif action == "free_requested":
             if key and stacks.zero_grad(key, frames):
                 zero_grad_addrs.add(addr)
@@ -542,14 +552,15 @@ def _plain_dict(value: Any) -> dict[str, Any]:
     return out
 
 
-def _load(src: Path, out: Path, max_expanded: int) -> Any:
+def _load(src: Path, out: Path, max_expanded: int, delete_src: bool) -> Any:
     with src.open("rb") as f:
         magic = f.read(2)
     if magic == safe_pickle.GZIP_MAGIC:
         raw = out / "snapshot.pickle"
         with src.open("rb") as f, raw.open("wb") as dst:
             safe_pickle.gunzip_to(f, dst, max_expanded)
-        src.unlink(missing_ok=True)  # the API's temp file: free its disk space early
+        if delete_src:  # the API's temp file: free its disk space early
+            src.unlink(missing_ok=True)
         src = raw
     with src.open("rb") as f:
         return safe_pickle.load(f)
@@ -562,10 +573,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-expanded", type=int, default=2**31)
     parser.add_argument("--chunk-events", type=int, default=50_000)
     parser.add_argument("--device", type=int, default=None)
+    parser.add_argument("--delete-src", action="store_true", help="once it is decompressed")
     args = parser.parse_args(argv)
     result: dict[str, Any]
     try:
-        data = _load(args.src, args.out, args.max_expanded)
+        data = _load(args.src, args.out, args.max_expanded, args.delete_src)
         result = {"ok": True, "summary": convert(data, args.out, args.chunk_events, args.device)}
     except safe_pickle.Refused as exc:
         result = {"ok": False, "type": "refused", "message": str(exc)}
