@@ -21,7 +21,9 @@ import gzip
 import heapq
 import json
 import math
+import queue
 import sys
+import threading
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,6 +54,9 @@ RENAME = {"free_completed": "free"}
 FREE_ACTIONS = ("free_requested", "free_completed")
 GROWS = ("segment_alloc", "segment_map")
 SHRINKS = ("segment_free", "segment_unmap")
+
+
+Live = tuple[int, int, int, Any, float, tuple[int, ...]]
 
 
 class Invalid(Exception):
@@ -245,31 +250,79 @@ class Replay:
 
 
 class ChunkWriter:
-    """gzip NDJSON chunks of ``per_chunk`` events, compressed as they are written."""
+    """gzip NDJSON chunks of ``per_chunk`` events, compressed as they are written.
+
+    Lines go to a compressing thread in batches (zlib lets go of the GIL), through a
+    short queue: the text of a whole chunk is never held at once.
+    """
+
+    BATCH = 2000
 
     def __init__(self, out: Path, per_chunk: int) -> None:
         self.out = out
         self.per_chunk = per_chunk
         self.chunks: list[dict[str, int]] = []
         self._lines: list[str] = []
+        self._in_chunk = 0
         self._first = 0
+        self._queue: queue.Queue[tuple[int, bytes | None]] = queue.Queue(maxsize=4)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._compress, daemon=True)
+        self._thread.start()
+
+    def _compress(self) -> None:
+        comp: Any = None
+        f: Any = None
+        try:
+            while True:
+                n, data = self._queue.get()
+                if n < 0:
+                    return
+                if comp is None:
+                    comp = zlib.compressobj(1, zlib.DEFLATED, 31)
+                    f = (self.out / f"chunk-{n:05d}.ndjson.gz").open("wb")
+                if data is None:  # the chunk's end
+                    f.write(comp.flush())
+                    f.close()
+                    comp = f = None
+                else:
+                    f.write(comp.compress(data))
+        except BaseException as exc:  # reported by close()
+            self._error = exc
+            while self._queue.get()[0] >= 0:
+                pass
 
     def add(self, line: str) -> None:
         self._lines.append(line)
-        if len(self._lines) >= self.per_chunk:
-            self.flush()
+        if len(self._lines) >= self.BATCH:
+            self._send()
 
-    def flush(self) -> None:
-        if not self._lines:
+    def _send(self) -> None:
+        if self._lines:
+            n = len(self.chunks)
+            self._queue.put((n, ("\n".join(self._lines) + "\n").encode()))
+            self._in_chunk += len(self._lines)
+            self._lines = []
+        if self._in_chunk >= self.per_chunk:
+            self._end_chunk()
+
+    def _end_chunk(self) -> None:
+        if not self._in_chunk:
             return
         n = len(self.chunks)
-        path = self.out / f"chunk-{n:05d}.ndjson.gz"
-        comp = zlib.compressobj(1, zlib.DEFLATED, 31)
-        data = ("\n".join(self._lines) + "\n").encode()
-        path.write_bytes(comp.compress(data) + comp.flush())
-        self.chunks.append({"seq": n, "first_event": self._first, "n_events": len(self._lines)})
-        self._first += len(self._lines)
-        self._lines = []
+        self._queue.put((n, None))
+        self.chunks.append({"seq": n, "first_event": self._first, "n_events": self._in_chunk})
+        self._first += self._in_chunk
+        self._in_chunk = 0
+
+    def flush(self) -> None:
+        """Write what is left and wait for the compressing thread."""
+        self._send()
+        self._end_chunk()
+        self._queue.put((-1, None))
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 def _num(value: Any) -> str:
@@ -330,7 +383,8 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
             f'"pre_trace":true}}'
         )
         seq += 1
-    live: dict[Any, tuple[int, int, int, Any, float]] = {}  # addr -> size, seq, site, frames, t
+    # addr -> size, seq, site, frames, t_us, stack key
+    live: dict[Any, Live] = {}
     for b in pre_blocks:
         key = stacks.key(b["frames"])
         writer.add(
@@ -338,11 +392,11 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
             f'"size":{b["size"]},"device":"{device}","stream":null,"phase":null,'
             f'"pre_trace":true,"frames":{stacks.json(key, b["frames"])}}}'
         )
-        live[b["addr"]] = (b["size"], seq, stacks.site(key, b["frames"]), b["frames"], 0.0)
+        live[b["addr"]] = (b["size"], seq, stacks.site(key, b["frames"]), b["frames"], 0.0, key)
         seq += 1
     offset = seq
     peak_at = replay.peak_index
-    alive: dict[Any, tuple[int, int, int, Any, float]] = dict(live) if peak_at < 0 else {}
+    alive: dict[Any, Live] = dict(live) if peak_at < 0 else {}
     fates: dict[int, tuple[int, bool, int, int, int]] = {}  # seq -> free seq, zero_grad, lasts
     last = [-1, -1, -1]  # latest backward, forward, optimizer allocation (seq)
     zero_grad_addrs: set[Any] = set()
@@ -354,7 +408,17 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
         addr = e.get("addr")
         size = _int(e.get("size", 0), "size")
         frames = e.get("frames") or ()
-        key = stacks.key(frames)
+        if action in FREE_ACTIONS:
+            held = live.get(addr)
+            if held is not None and held[3] is frames:
+                key = ()  # the very list its allocation had (context="alloc")
+                own = False
+            else:
+                key = stacks.key(frames)
+                own = bool(key) and (held is None or held[5] != key)
+        else:
+            key = stacks.key(frames)
+            own = bool(key)
         if timed:
             t = e.get("time_us")
             t_us = float(t) - t0 if type(t) in (int, float) else t_us
@@ -383,7 +447,7 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
         # A free whose frames are its block's (PyTorch's context="alloc") stores none:
         # readers take them from the allocation, which keeps the stored trace a third
         # of the size. A free recorded with its own call site (context="all") keeps it.
-        if key and (action not in FREE_ACTIONS or _own_site(live.get(addr), key, stacks)):
+        if own:
             line += ',"frames":' + stacks.json(key, frames)
         writer.add(line + "}")
         if action == "alloc":
@@ -394,7 +458,7 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
                 last[1] = seq
             elif where == cat.OPTIMIZER:
                 last[2] = seq
-            live[addr] = (block_size(size), seq, where, frames, t_us)
+            live[addr] = (block_size(size), seq, where, frames, t_us, key)
         elif action == "free_requested":
             if key and stacks.zero_grad(key, frames):
                 zero_grad_addrs.add(addr)
@@ -411,7 +475,7 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
 
     by_category: dict[str, list[int]] = {c: [0, 0] for c in cat.CATEGORIES}
     blocks_out: list[tuple[int, int, Any, float, Any, str]] = []
-    for baddr, (size, bseq, where, frames, bt) in alive.items():
+    for baddr, (size, bseq, where, frames, bt, _) in alive.items():
         fate = fates.get(bseq)
         name = cat.category(
             where,
@@ -502,16 +566,7 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
     }
 
 
-def _own_site(block: tuple[Any, ...] | None, key: tuple[int, ...], stacks: Stacks) -> bool:
-    """Whether a free's frames differ from those its block was allocated with."""
-    if block is None:
-        return True
-    return stacks.key(block[3]) != key
-
-
-def alive_seqs(
-    alive: dict[Any, tuple[int, int, int, Any, float]], addr: Any, block: tuple[Any, ...]
-) -> tuple[int, ...]:
+def alive_seqs(alive: dict[Any, Live], addr: Any, block: Live) -> tuple[int, ...]:
     """The seq of the block alive at the peak at ``addr``, if it is this block."""
     held = alive.get(addr)
     return (held[1],) if held is not None and held[1] == block[1] else ()
