@@ -12,6 +12,7 @@ the file is POSTed (streamed) to /v1/snapshots; /proc gives each process's peak 
 """
 
 import argparse
+import contextlib
 import os
 import pickle
 import struct
@@ -238,10 +239,8 @@ def _rss_kib(pid: int, field: str) -> int:
 def _children(pid: int) -> list[int]:
     found = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
-        try:
+        with contextlib.suppress(OSError):
             found += [int(p) for p in (task / "children").read_text().split()]
-        except OSError:
-            pass
     return found
 
 
@@ -345,6 +344,12 @@ def main() -> int:
             f"{size / MiB:>7.0f}MiB {out['entries']:>9} {took:>9.1f} {size / 1e6 / took:>6.1f} "
             f"{idle_kib / 1024:>6.0f}MiB {api_peak / 1024:>6.0f}MiB "
             f"{watch.child_peak_kib / 1024:>8.0f}MiB {db_mib:>4.0f}MiB {read_s:>6.2f}"
+        )
+        cost = out["import"]
+        print(
+            f"parser: {cost['parse_wall_s']:.1f} s wall, {cost['parse_cpu_s']:.1f} s CPU; "
+            f"upload and store: {took - cost['parse_wall_s']:.1f} s; load average "
+            f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
         )
         cats = {c["category"]: c["bytes"] // MiB for c in out["categories"]}
         print(f"peak {out['memory']['allocated_peak'] // MiB} MiB; by category (MiB): {cats}")

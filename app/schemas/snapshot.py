@@ -92,6 +92,12 @@ class SnapshotOut(BaseModel):
     devices: list[dict[str, int]]
     environment: dict[str, Any]
     allocator_settings: dict[str, Any]
+    import_cost: dict[str, float | int | None] = Field(
+        default_factory=dict,
+        alias="import",
+        description="what parsing cost: wall and CPU seconds, the parser's peak RSS (the "
+        "largest of any child of the API so far), the pickle's bytes once decompressed",
+    )
 
 
 class SnapshotPage(BaseModel):

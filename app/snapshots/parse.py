@@ -607,7 +607,7 @@ def _plain_dict(value: Any) -> dict[str, Any]:
     return out
 
 
-def _load(src: Path, out: Path, max_expanded: int, delete_src: bool) -> Any:
+def _load(src: Path, out: Path, max_expanded: int, delete_src: bool) -> tuple[Any, int]:
     with src.open("rb") as f:
         magic = f.read(2)
     if magic == safe_pickle.GZIP_MAGIC:
@@ -618,7 +618,7 @@ def _load(src: Path, out: Path, max_expanded: int, delete_src: bool) -> Any:
             src.unlink(missing_ok=True)
         src = raw
     with src.open("rb") as f:
-        return safe_pickle.load(f)
+        return safe_pickle.load(f), src.stat().st_size
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -632,8 +632,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     result: dict[str, Any]
     try:
-        data = _load(args.src, args.out, args.max_expanded, args.delete_src)
-        result = {"ok": True, "summary": convert(data, args.out, args.chunk_events, args.device)}
+        data, size = _load(args.src, args.out, args.max_expanded, args.delete_src)
+        summary = convert(data, args.out, args.chunk_events, args.device)
+        result = {"ok": True, "summary": {**summary, "pickle_bytes": size}}
     except safe_pickle.Refused as exc:
         result = {"ok": False, "type": "refused", "message": str(exc)}
     except safe_pickle.TooLarge as exc:
