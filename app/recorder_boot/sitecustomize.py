@@ -10,6 +10,26 @@ plus ``memory_stats`` (PyTorch's counters, per device) and ``environment``.
 
 import os
 import sys
+from typing import Any
+
+
+def plain(value: Any) -> Any:
+    """Only the builtin types a snapshot may hold: vramlab's loader refuses any class,
+    and torch hands out subclasses (``torch.__version__`` is a ``TorchVersion``,
+    ``memory_stats()`` an ``OrderedDict``)."""
+    if isinstance(value, bool) or value is None:
+        return value
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return float(value)
+    if isinstance(value, str):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return str(value)
 
 
 def _start(out: str) -> None:
@@ -34,20 +54,21 @@ def _start(out: str) -> None:
     def dump(path: str) -> None:
         snapshot = torch.cuda.memory._snapshot()
         count = torch.cuda.device_count()
-        # Plain dicts: memory_stats() is an OrderedDict, a class vramlab's loader refuses.
-        snapshot["memory_stats"] = [dict(torch.cuda.memory_stats(i)) for i in range(count)]
+        snapshot["memory_stats"] = plain([torch.cuda.memory_stats(i) for i in range(count)])
         props = torch.cuda.get_device_properties(0)
-        snapshot["environment"] = {
-            "torch": torch.__version__,
-            "cuda": torch.version.cuda,
-            "gpu_name": props.name,
-            "gpu_total_memory": int(props.total_memory),
-            "gpus": count,
-            "python": platform.python_version(),
-            "argv": [str(a)[:200] for a in sys.argv[:20]],
-            "stacks": stacks,
-            "max_entries": max_entries if max_entries < sys.maxsize else None,
-        }
+        snapshot["environment"] = plain(
+            {
+                "torch": torch.__version__,
+                "cuda": torch.version.cuda,
+                "gpu_name": props.name,
+                "gpu_total_memory": int(props.total_memory),
+                "gpus": count,
+                "python": platform.python_version(),
+                "argv": [str(a)[:200] for a in sys.argv[:20]],
+                "stacks": stacks,
+                "max_entries": max_entries if max_entries < sys.maxsize else None,
+            }
+        )
         tmp = path + ".part"
         with open(tmp, "wb") as f:
             pickle.dump(snapshot, f, protocol=4)

@@ -76,3 +76,22 @@ def test_record_without_cuda_says_so(server: LiveServer, tmp_path: Path) -> None
     assert "no CUDA device; nothing recorded" in done.stderr
     assert "left no snapshot" in done.stderr
     assert done.returncode == 3
+
+
+def test_what_the_bootstrap_adds_is_plain_data() -> None:
+    """torch hands out subclasses (TorchVersion, OrderedDict) that vramlab's loader would
+    refuse as classes; the bootstrap turns them into builtins first. (This refused the
+    first recording made on the GPU host.)"""
+    import io
+    import pickle
+    from collections import OrderedDict
+
+    torch = pytest.importorskip("torch")
+    from app.recorder_boot.sitecustomize import plain
+    from app.snapshots import safe_pickle
+
+    added = {"environment": {"torch": torch.__version__}, "stats": [OrderedDict(a=1)]}
+    with pytest.raises(safe_pickle.Refused):
+        safe_pickle.load(io.BytesIO(pickle.dumps(added)))
+    loaded = safe_pickle.load(io.BytesIO(pickle.dumps(plain(added))))
+    assert loaded == {"environment": {"torch": str(torch.__version__)}, "stats": [{"a": 1}]}
