@@ -159,7 +159,15 @@ def peak(exp: SnapshotDep, top: Annotated[int, Query(ge=1, le=20)] = 20) -> Peak
     "/{snapshot_id}/trace",
     response_model=trace_routes.TracePage,
     summary="The snapshot's trace, as an experiment's",
-    responses={200: {"content": {"application/x-ndjson": {}, "application/octet-stream": {}}}},
+    responses={
+        200: {
+            "content": {
+                "application/x-ndjson": {},
+                "application/octet-stream": {},
+                trace_routes.CHROME_MEDIA: {},
+            }
+        }
+    },
     dependencies=[require("read")],
 )
 def trace(
