@@ -72,9 +72,7 @@ class GaveUp(ClientError):
     """``--wait`` stopped waiting: no live worker can run the experiment."""
 
 
-def _wait(
-    client: httpx.Client, exp_id: str, poll_s: float, give_up_s: float
-) -> dict[str, Any]:
+def _wait(client: httpx.Client, exp_id: str, poll_s: float, give_up_s: float) -> dict[str, Any]:
     """Poll until the experiment has finished. Give up once no live worker has been able
     to run it for ``give_up_s`` seconds (queued work that a busy worker will reach is
     waited for)."""
@@ -203,9 +201,7 @@ def cmd_presets(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(listing)
         return 0
-    rows = [
-        (p["name"], "cuda" if p["needs_cuda"] else "any", p["question"][:70]) for p in listing
-    ]
+    rows = [(p["name"], "cuda" if p["needs_cuda"] else "any", p["question"][:70]) for p in listing]
     print(table(["preset", "device", "question"], rows))
     print("\nrun one: vramlab run PRESET [--device cpu|cuda] [--wait]", file=sys.stderr)
     return 0

@@ -32,6 +32,33 @@ CASES = {
 }
 
 
+def scrub(snapshot: dict[str, Any]) -> dict[str, Any]:
+    """Drop the host's paths from the frames (in place, so shared frames stay shared):
+    ``.../site-packages/torch/...`` becomes ``site-packages/torch/...``, this repository's
+    files become relative."""
+    root = str(Path(__file__).resolve().parent.parent) + "/"
+    seen: set[int] = set()
+
+    def fix(frames: Any) -> None:
+        for frame in frames or ():
+            if id(frame) in seen:
+                continue
+            seen.add(id(frame))
+            name = frame.get("filename", "")
+            if "site-packages/" in name:
+                name = "site-packages/" + name.split("site-packages/", 1)[1]
+            frame["filename"] = name.replace(root, "")
+
+    for trace in snapshot.get("device_traces", []):
+        for entry in trace:
+            fix(entry.get("frames"))
+    for segment in snapshot.get("segments", []):
+        fix(segment.get("frames"))
+        for block in segment.get("blocks", []):
+            fix(block.get("frames"))
+    return snapshot
+
+
 def one(case: str, out: Path) -> dict[str, Any]:
     import torch
 
@@ -51,7 +78,7 @@ def one(case: str, out: Path) -> dict[str, Any]:
     snapshot = torch.cuda.memory._snapshot()
     stats = torch.cuda.memory_stats()
     torch.cuda.memory._record_memory_history(enabled=None)
-    data = pickle.dumps(snapshot, protocol=4)
+    data = pickle.dumps(scrub(snapshot), protocol=4)
     (out / f"{case}.pickle.gz").write_bytes(gzip.compress(data, mtime=0))
     return {
         "case": case,

@@ -114,3 +114,23 @@ def category(
             return "activations"
         return "temporaries"
     return "other"
+
+
+# Frames of the recorder and the allocator themselves, innermost in every C++ stack.
+_MACHINERY = (
+    "torch::unwind",
+    "torch::CapturedTraceback",
+    "torch::cuda::(anonymous namespace)::gather",
+    "c10::cuda::CUDACachingAllocator",
+    "c10::cuda::MemPool",
+)
+
+
+def telling_frames(frames: Sequence[Any], n: int = 3) -> list[dict[str, Any]]:
+    """The ``n`` frames that say most about where a block came from: Python frames when
+    there are any, else C++ frames past the recorder's and the allocator's own."""
+    plain = [f for f in frames if isinstance(f, dict)]
+    python = [f for f in plain if str(f.get("filename", "")).endswith(".py")]
+    if python:
+        return python[:n]
+    return [f for f in plain if not str(f.get("name", "")).startswith(_MACHINERY)][:n]

@@ -76,6 +76,9 @@ def test_categories_of_a_training_loop(client: httpx.Client) -> None:
     # Both cuBLAS workspaces (seen in C++ frames) and the batch made outside any module.
     assert cats["other"][0] >= 2 * WORKSPACE
     assert sum(b for b, _ in cats.values()) == snap["peak"]["allocated"]
+    # The page names where blocks came from, past the recorder's and allocator's frames.
+    page = client.get(f"/ui/snapshots/{snap['id']}").text
+    assert "site-packages/torch/optim/adam.py" in page and "torch::unwind" not in page
 
 
 @needs_data

@@ -23,6 +23,7 @@ from app.schemas.experiment import Status
 from app.schemas.preset import PresetRun
 from app.services import compare, experiments, figures, presets, snapshots, sweeps, workers
 from app.services.auth import Principal
+from app.snapshots.categories import telling_frames
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parents[2] / "ui" / "templates"))
 # A missing figure is an empty cell, never Python's "None".
@@ -30,6 +31,7 @@ TEMPLATES.env.finalize = lambda value: "" if value is None else value
 TEMPLATES.env.filters["bytes"] = lambda n: "" if n is None else human_bytes(n)
 TEMPLATES.env.globals["off_prediction"] = experiments.off_prediction
 TEMPLATES.env.globals["chart_script"] = html.SCRIPT
+TEMPLATES.env.filters["telling"] = telling_frames
 router = APIRouter(prefix="/ui", include_in_schema=False, dependencies=[require("read")])
 EXAMPLE_SPEC = '{\n  "op": "add",\n  "shape": [1000, 1000],\n  "dtype": "float32"\n}'
 
