@@ -31,7 +31,9 @@ from app.contract import Status
 from app.core.config import Settings
 from app.errors import ApiError, NotFound, PayloadTooLarge
 from app.models import Experiment, ExperimentTag, Result, Snapshot, TraceChunk
+from app.plots.chart import Chart, Label, Line, human_bytes
 from app.schemas.snapshot import SnapshotOut
+from app.services.figures import label
 
 KIND = "snapshot"
 _APP_ROOT = str(Path(app.__file__).resolve().parents[1])
@@ -292,3 +294,27 @@ def to_out(session: Session, exp: Experiment) -> SnapshotOut:
             "gzipped": stored.gzipped,
         }
     )
+
+
+def timeline(exp: Experiment) -> Chart:
+    """Allocated and reserved over time from the points kept at import (about 2,000
+    whatever the trace's length), the peak labelled: no replay of the stored trace."""
+    data = summary(exp).get("timeline") or {}
+    xs_us: list[float] = data.get("t_us") or []
+    if len(xs_us) < 2:
+        raise NotFound(f"snapshot {exp.id} has no trace entries to draw")
+    timed = bool(summary(exp).get("time_recorded"))
+    xs = [x / 1000 for x in xs_us] if timed else list(xs_us)
+    chart = Chart(
+        title=f"Memory over time: {label(exp)}",
+        x_label="time (ms)" if timed else "trace entry (no times recorded)",
+    )
+    chart.lines.append(Line("allocated", xs, [float(v) for v in data["allocated"]]))
+    chart.lines.append(Line("reserved", xs, [float(v) for v in data["reserved"]]))
+    peak = summary(exp).get("peak") or {}
+    if peak.get("allocated"):
+        x = peak["t_us"] / 1000 if timed else peak["t_us"]
+        chart.labels.append(
+            Label(x, float(peak["allocated"]), f"peak {human_bytes(peak['allocated'])}")
+        )
+    return chart

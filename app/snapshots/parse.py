@@ -53,6 +53,9 @@ ACTIONS = frozenset(
 RENAME = {"free_completed": "free"}
 FREE_ACTIONS = ("free_requested", "free_completed")
 GROWS = ("segment_alloc", "segment_map")
+# Entries that change neither allocated nor reserved bytes.
+SILENT = frozenset({"free_requested", "snapshot", "oom"})
+TIMELINE_POINTS = 2000
 SHRINKS = ("segment_free", "segment_unmap")
 
 
@@ -218,35 +221,68 @@ class Replay:
         self.reserved_peak = reserved
         self.live: dict[Any, int] = {}
         self.largest: list[tuple[int, int]] = []  # min-heap of (size, -index)
+        self.points: list[tuple[float, int, int]] = []  # (t, allocated, reserved)
 
-    def run(self, trace: list[Any], pre_blocks: list[dict[str, Any]]) -> None:
+    def run(self, trace: list[Any], pre_blocks: list[dict[str, Any]], t0: float | None) -> None:
+        """Replay; with ``t0`` (the first entry's time_us) times are microseconds from it,
+        else entry numbers. Keeps about ``TIMELINE_POINTS`` points for the timeline:
+        each bucket's lowest and highest moment, so peaks and dips survive."""
         live = self.live
         for b in pre_blocks:
             live[b["addr"]] = b["size"]
+        per = max(1, -(-len(trace) // (TIMELINE_POINTS // 2)))
+        points = self.points
+        points.append((0.0, self.allocated, self.reserved))
+        lo: tuple[float, int, int] | None = None
+        hi: tuple[float, int, int] | None = None
+        n = 0
+        t = 0.0
         for i, e in enumerate(trace):
             action = e["action"]
-            if action == "alloc":
-                size = block_size(_int(e.get("size", 0), "size"))
-                live[e.get("addr")] = size
-                self.allocated += size
-                if self.allocated > self.peak:
-                    self.peak = self.allocated
-                    self.peak_index = i
-                    self.peak_reserved = self.reserved
-                item = (size, -i)
-                if len(self.largest) < TOP:
-                    heapq.heappush(self.largest, item)
-                elif item > self.largest[0]:
-                    heapq.heapreplace(self.largest, item)
-            elif action == "free_completed":
-                freed = live.pop(e.get("addr"), None)
-                if freed is not None:
-                    self.allocated -= freed
-            elif action in GROWS:
-                self.reserved += _int(e.get("size", 0), "size")
-                self.reserved_peak = max(self.reserved_peak, self.reserved)
-            elif action in SHRINKS:
-                self.reserved = max(0, self.reserved - _int(e.get("size", 0), "size"))
+            if action in SILENT:
+                continue
+            if t0 is None:
+                t = float(i)
+            elif type(e.get("time_us")) in (int, float):
+                t = e["time_us"] - t0
+            self._apply(i, e, action)
+            point = (t, self.allocated, self.reserved)
+            if lo is None or point[1] < lo[1]:
+                lo = point
+            if hi is None or point[1] > hi[1]:
+                hi = point
+            n += 1
+            if n >= per:
+                points.extend(sorted({lo, hi}, key=lambda p: p[0]))
+                lo = hi = None
+                n = 0
+        if lo is not None and hi is not None:
+            points.extend(sorted({lo, hi}, key=lambda p: p[0]))
+
+    def _apply(self, i: int, e: dict[str, Any], action: str) -> None:
+        live = self.live
+        if action == "alloc":
+            size = block_size(_int(e.get("size", 0), "size"))
+            live[e.get("addr")] = size
+            self.allocated += size
+            if self.allocated > self.peak:
+                self.peak = self.allocated
+                self.peak_index = i
+                self.peak_reserved = self.reserved
+            item = (size, -i)
+            if len(self.largest) < TOP:
+                heapq.heappush(self.largest, item)
+            elif item > self.largest[0]:
+                heapq.heapreplace(self.largest, item)
+        elif action == "free_completed":
+            freed = live.pop(e.get("addr"), None)
+            if freed is not None:
+                self.allocated -= freed
+        elif action in GROWS:
+            self.reserved += _int(e.get("size", 0), "size")
+            self.reserved_peak = max(self.reserved_peak, self.reserved)
+        elif action in SHRINKS:
+            self.reserved = max(0, self.reserved - _int(e.get("size", 0), "size"))
 
 
 class ChunkWriter:
@@ -367,12 +403,11 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
     pre_segs, pre_blocks = _pre_trace(trace, segments)
     baseline = sum(b["size"] for b in pre_blocks)
     reserved0 = sum(s["size"] for s in pre_segs)
-    replay = Replay(baseline, reserved0)
-    replay.run(trace, pre_blocks)
-
     times = [e.get("time_us") for e in (trace[0], trace[-1])] if trace else []
     timed = bool(trace) and all(type(t) in (int, float) for t in times)
     t0 = float(times[0]) if timed else 0.0
+    replay = Replay(baseline, reserved0)
+    replay.run(trace, pre_blocks, t0 if timed else None)
     stacks = Stacks()
     writer = ChunkWriter(out, per_chunk)
     seq = 0
@@ -558,6 +593,11 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
             for c in cat.CATEGORIES
         ],
         "segments": seg_summary,
+        "timeline": {
+            "t_us": [p[0] for p in replay.points],
+            "allocated": [p[1] for p in replay.points],
+            "reserved": [p[2] for p in replay.points],
+        },
         "ooms": ooms,
         "oom_count": n_ooms,
         "counters": stats,

@@ -153,7 +153,7 @@ def snapshot(
     exp = snapshots.get(s, snapshot_id)
     chart = None
     with contextlib.suppress(NotFound):  # a snapshot of segments alone has no trace
-        chart = html.fragment(figures.timeline(s, exp))
+        chart = html.fragment(snapshots.timeline(exp))
     return _page(request, "snapshot.html", snap=snapshots.to_out(s, exp), chart=chart)
 
 
