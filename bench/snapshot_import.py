@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import os
 import pickle
+import shutil
 import struct
 import subprocess
 import sys
@@ -334,6 +335,9 @@ def main() -> int:
             t2 = time.monotonic()
             client.get(f"/v1/snapshots/{out['id']}").raise_for_status()
             read_s = time.monotonic() - t2
+            t3 = time.monotonic()
+            client.get(f"/v1/snapshots/{out['id']}/timeline").raise_for_status()
+            timeline_s = time.monotonic() - t3
             api_peak = _rss_kib(api.pid, "VmHWM")
         db_mib = (tmp / "bench.db").stat().st_size / MiB
         print(
@@ -351,11 +355,13 @@ def main() -> int:
             f"upload and store: {took - cost['parse_wall_s']:.1f} s; load average "
             f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
         )
+        print(f"timeline page: {timeline_s:.2f} s")
         cats = {c["category"]: c["bytes"] // MiB for c in out["categories"]}
         print(f"peak {out['memory']['allocated_peak'] // MiB} MiB; by category (MiB): {cats}")
     finally:
         api.terminate()
         api.wait(timeout=30)
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 
