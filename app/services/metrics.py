@@ -32,10 +32,16 @@ class QueueCollector(Collector):
             "vramlab_experiments_failed", "Failed experiments by error type", labels=["type"]
         )
         workers = GaugeMetricFamily("vramlab_workers_live", "Workers that sent a heartbeat lately")
+        imported = GaugeMetricFamily("vramlab_snapshots", "Imported memory snapshots")
         with self.db.session(write=False) as s:
             by_status = dict(
-                s.execute(select(Experiment.status, func.count()).group_by(Experiment.status)).all()
+                s.execute(
+                    select(Experiment.status, func.count())
+                    .where(Experiment.kind == "experiment")
+                    .group_by(Experiment.status)
+                ).all()
             )
+            snapshots = s.scalar(select(func.count()).where(Experiment.kind == "snapshot"))
             by_error = s.execute(
                 select(Experiment.error_type, func.count())
                 .where(Experiment.status == "failed")
@@ -50,6 +56,8 @@ class QueueCollector(Collector):
         for error_type, n in by_error:
             failures.add_metric([error_type or "unknown"], n)
         workers.add_metric([], live or 0)
+        imported.add_metric([], snapshots or 0)
         yield experiments
+        yield imported
         yield failures
         yield workers

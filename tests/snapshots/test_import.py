@@ -160,3 +160,10 @@ MEMORY_ZERO = {
         "host_rss_after",
     )
 }
+
+
+def test_metrics_count_snapshots_apart_from_experiments(client: httpx.Client) -> None:
+    imported(client, dumps(training_snapshot(iterations=1)), name="m")
+    text = client.get("/metrics").text
+    assert 'vramlab_experiments{status="succeeded"} 0.0' in text
+    assert "vramlab_snapshots 1.0" in text
