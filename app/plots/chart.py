@@ -1,5 +1,7 @@
-"""A chart as plain data: lines, vertical marks and labelled points, in bytes over x."""
+"""A chart as plain data: stacked bands, lines, shaded spans and a marked peak, in bytes
+over x. The renderers (``html``, ``mpl``) draw it; nothing here knows how."""
 
+import unicodedata
 from dataclasses import dataclass, field
 
 
@@ -14,8 +16,31 @@ class Line:
 
 
 @dataclass(frozen=True)
+class Band:
+    """Memory held over time, stacked: between ``lows`` and ``highs``, each value holding
+    until the next x. One allocation, or a group of small ones."""
+
+    name: str  # the legend's entry: bands of one name share a colour
+    xs: list[float]
+    lows: list[float]
+    highs: list[float]
+    detail: str = ""  # hover text: size, name, step, stack
+    grouped: bool = False
+
+
+@dataclass(frozen=True)
+class Span:
+    """A shaded stretch of x: a phase or a step."""
+
+    x0: float
+    x1: float
+    label: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
 class Mark:
-    """A vertical line: a phase boundary."""
+    """A vertical line: a phase boundary or an alignment point."""
 
     x: float
     label: str
@@ -23,7 +48,7 @@ class Mark:
 
 @dataclass(frozen=True)
 class Label:
-    """A labelled point: the peak, a large block."""
+    """A labelled point: the peak."""
 
     x: float
     y: float
@@ -36,9 +61,14 @@ class Chart:
     x_label: str
     y_label: str = "bytes"
     lines: list[Line] = field(default_factory=list)
+    bands: list[Band] = field(default_factory=list)
+    spans: list[Span] = field(default_factory=list)
     marks: list[Mark] = field(default_factory=list)
     labels: list[Label] = field(default_factory=list)
-    x_log: bool = False
+    # Categories on x (a sweep's values as written): (position, text). None: numeric ticks.
+    x_ticks: list[tuple[float, str]] | None = None
+    # The x range to show; None: the data's.
+    x_range: tuple[float, float] | None = None
 
 
 def human_bytes(n: float) -> str:
@@ -48,3 +78,32 @@ def human_bytes(n: float) -> str:
             return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
         value /= 1024
     return f"{n} B"
+
+
+MAX_TEXT = 200
+
+
+def text(value: object, limit: int = MAX_TEXT) -> str:
+    """Any text a chart shows, as plain printable text: no lone surrogates (they cannot be
+    encoded), no control characters, at most ``limit`` characters. Renderers pass every
+    string through this; what markup a renderer might read into it is its own to escape."""
+    out = []
+    for ch in str(value):
+        if ch == "\n":
+            out.append(ch)
+        elif 0xD800 <= ord(ch) <= 0xDFFF or unicodedata.category(ch) in ("Cc", "Cs", "Co"):
+            out.append("\ufffd")
+        else:
+            out.append(ch)
+    s = "".join(out)
+    return s if len(s) <= limit else s[: limit - 1] + "…"
+
+
+def stepped(xs: list[float], ys: list[float]) -> list[tuple[float, float]]:
+    """The corners of a step function that holds each y until the next x."""
+    out: list[tuple[float, float]] = []
+    for i, (x, y) in enumerate(zip(xs, ys, strict=True)):
+        if i:
+            out.append((x, ys[i - 1]))
+        out.append((x, y))
+    return out

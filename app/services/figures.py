@@ -1,16 +1,20 @@
-"""What an experiment's trace shows: the peak and what held it, and its timeline chart."""
+"""What an experiment's trace shows: the peak and what held it, its timeline (each large
+allocation a named band, the phases shaded, the peak marked) and overlays of several."""
 
-import heapq
-from collections.abc import Iterable, Iterator
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy.orm import Session
 
+from app.contract import Status
 from app.errors import NotFound
 from app.models import Experiment
-from app.plots.chart import Chart, Label, Line, Mark, human_bytes
+from app.plots import ticks
+from app.plots.chart import Band, Chart, Label, Line, Mark, Span, human_bytes
 from app.schemas.results import BlockOut, PeakMoment, PeakOut
-from app.services import replay, traces
+from app.services import bands, replay, traces
 
 
 def _block_out(block: replay.Block) -> BlockOut:
@@ -47,38 +51,8 @@ def label(exp: Experiment) -> str:
     if exp.kind == "snapshot":
         return f"{exp.name} (snapshot {exp.id[:8]})"
     shape = "x".join(str(d) for d in exp.shape)
-    return f"{exp.op} {shape} {exp.dtype} {exp.device} ({exp.id[:8]})"
-
-
-class _Watch:
-    """Passes events through, noting phase marks and the largest allocations."""
-
-    def __init__(self, top: int) -> None:
-        self.marks: list[Mark] = []
-        self.largest: list[tuple[int, float]] = []  # min-heap of (size, t_us)
-        self._top = top
-        self._t = 0.0
-
-    def __call__(self, events: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
-        for event in events:
-            if event.get("t_us") is not None:
-                self._t = float(event["t_us"])
-            if event.get("action") == "mark":
-                self.marks.append(Mark(self._t / 1000, str(event.get("name") or "")))
-            elif event.get("action") == "alloc":
-                item = (int(event.get("size") or 0), self._t)
-                if len(self.largest) < self._top:
-                    heapq.heappush(self.largest, item)
-                elif item > self.largest[0]:
-                    heapq.heapreplace(self.largest, item)
-            yield event
-
-
-def samples(session: Session, exp: Experiment, watch: _Watch | None = None) -> list[replay.Sample]:
-    events: Iterable[dict[str, Any]] = traces.iter_events(session, exp.id)
-    if watch is not None:
-        events = watch(events)
-    return list(replay.sample(events, traces.count(session, exp.id)))
+    what = " ".join(p for p in (exp.op, exp.preset or "", shape, exp.dtype, exp.device) if p)
+    return f"{what} ({exp.id[:8]})"
 
 
 def _require_trace(session: Session, exp: Experiment) -> None:
@@ -88,44 +62,195 @@ def _require_trace(session: Session, exp: Experiment) -> None:
         )
 
 
-def timeline(session: Session, exp: Experiment) -> Chart:
-    """Allocated (and reserved, where segments were recorded) over time, with the phases,
-    the peak and the three largest blocks labelled."""
-    _require_trace(session, exp)
-    watch = _Watch(top=3)
-    points = samples(session, exp, watch)
-    xs = [p.t_us / 1000 for p in points]
-    chart = Chart(title=f"Memory over time: {label(exp)}", x_label="time (ms)")
-    chart.lines.append(Line("allocated", xs, [float(p.allocated) for p in points]))
-    if any(p.reserved is not None for p in points):
-        chart.lines.append(Line("reserved", xs, [float(p.reserved or 0) for p in points]))
-    chart.marks = watch.marks
-    top = max(points, key=lambda p: p.allocated)
-    chart.labels.append(
-        Label(top.t_us / 1000, float(top.allocated), f"peak {human_bytes(top.allocated)}")
+# Built timelines of finished experiments (their traces no longer change), so that the
+# page, its SVG and PNG, and a comparison read a long trace once, not once per view.
+_CACHE: OrderedDict[tuple[str, int, bool], bands.Timeline] = OrderedDict()
+_CACHE_SIZE = 32
+_CACHE_LOCK = threading.Lock()
+
+
+def build(session: Session, exp: Experiment, with_bands: bool = True) -> bands.Timeline:
+    """The experiment's band timeline (``with_bands=False``: its totals alone)."""
+    count = traces.count(session, exp.id)
+    key = (exp.id, count, with_bands)
+    with _CACHE_LOCK:
+        if key in _CACHE:
+            _CACHE.move_to_end(key)
+            return _CACHE[key]
+    built = bands.build(
+        traces.iter_events(session, exp.id),
+        names(exp) if with_bands else (),
+        total=count,
+        max_bands=bands.MAX_BANDS if with_bands else 0,
     )
-    for size, t_us in sorted(watch.largest, reverse=True):
-        level = _value_at(points, t_us)
-        chart.labels.append(Label(t_us / 1000, float(level), f"block {human_bytes(size)}"))
+    if Status(exp.status).finished:
+        with _CACHE_LOCK:
+            _CACHE[key] = built
+            while len(_CACHE) > _CACHE_SIZE:
+                _CACHE.popitem(last=False)
+    return built
+
+
+def names(exp: Experiment) -> list[bands.Name]:
+    """What to call an experiment's allocations: its inputs and outputs by their names and
+    sizes, what the op kept (a library's workspace on CUDA) or freed (temporaries), and in
+    a scenario the tensors each step makes."""
+    data = exp.result.data if exp.result is not None else {}
+    if exp.op == "scenario":
+        out = []
+        for i, entry in enumerate(data.get("steps") or []):
+            step = (exp.steps or [])[i] if i < len(exp.steps or []) else {}
+            made = _made(step)
+            phase = str(entry.get("name") or "")
+            text = ", ".join(made) if made else phase[3:] or phase
+            out.append(bands.Name(f"{text} (step {i})" if made else text, phase=phase))
+        return out
+    out = [
+        bands.Name(f"input {t.get('name')}", phase="setup", size=_int(t.get("bytes")), count=1)
+        for t in data.get("inputs") or []
+        if isinstance(t, dict)
+    ]
+    for t in data.get("outputs") or []:
+        if not isinstance(t, dict) or t.get("is_view_of_input"):
+            continue
+        size = _int(t.get("bytes"))
+        out.append(bands.Name(f"output {t.get('name')}", "op", size, lives=True, count=1))
+        out.append(bands.Name(f"output {t.get('name')}, an earlier call", "op", size, lives=False))
+    kept = "workspace (kept by a library)" if exp.device_type == "cuda" else "kept after the op"
+    out += [
+        bands.Name(kept, phase="op", lives=True),
+        bands.Name("temporary", phase="op", lives=False),
+        bands.Name("set-up temporary", phase="setup", lives=False),
+    ]
+    return out
+
+
+def _made(step: Any) -> list[str]:
+    """The tensor names a step (or a repeat block's steps) makes, in order, once each."""
+    if not isinstance(step, dict):
+        return []
+    if step.get("do") == "repeat":
+        inner = [n for s in step.get("steps") or [] for n in _made(s)]
+        return list(dict.fromkeys(inner))
+    if step.get("do") in ("create", "op", "move", "pin"):
+        name = step.get("name") or (step.get("args") or [None])[0]
+        return [str(name)] if name else []
+    return []
+
+
+def _int(value: Any) -> int | None:
+    return int(value) if isinstance(value, int | float) else None
+
+
+def timeline(session: Session, exp: Experiment) -> Chart:
+    """The experiment's memory from set-up on: bands, phases, peak; reserved where the
+    trace recorded segments."""
+    _require_trace(session, exp)
+    return timeline_chart(build(session, exp), f"Memory over time: {label(exp)}")
+
+
+def timeline_chart(tl: bands.Timeline, title: str) -> Chart:
+    """A band timeline as a chart, in time since its start (set-up) in a round unit."""
+    span_ms = (tl.end_us - tl.start_us) / 1000
+    unit, scale = ticks.time_unit(span_ms)
+    end = span_ms / scale * 1.03 if span_ms > 0 else 1.0
+
+    def x(t_us: float) -> float:
+        return (t_us - tl.start_us) / 1000 / scale
+
+    def at(t_us: float | None) -> str:
+        if t_us is None:
+            return "still alive at the end"
+        return f"{ticks.number_label(float(f'{x(t_us):.4g}'))} {unit}"
+
+    chart = Chart(title=title, x_label=f"time since set-up ({unit})", x_range=(0.0, end))
+    for i, phase in enumerate(tl.phases):
+        x1 = x(phase.end_us) if i + 1 < len(tl.phases) else end
+        chart.spans.append(
+            Span(x(phase.start_us), x1, phase.name, f"{phase.name}: {at(phase.start_us)} to "
+                 + (at(phase.end_us) if i + 1 < len(tl.phases) else "the end"))
+        )  # fmt: skip
+    for layer in bands.stack(tl):
+        a = layer.alloc
+        if not layer.xs:
+            continue  # freed the moment it was made
+        stop = x(a.end_us) if a.end_us is not None else end
+        lows = [*layer.lows, layer.lows[-1]]
+        detail = [
+            a.name,
+            f"{human_bytes(a.size)} ({a.size:,} B)",
+            f"made in {a.phase or '?'} at {at(a.start_us)}; "
+            + ("still alive at the end" if a.end_us is None else f"freed at {at(a.end_us)}"),
+        ]
+        detail += [
+            f"  {f.get('name', '?')} {f.get('filename', '')}:{f.get('line', '')}"
+            for f in a.frames[:4]
+            if isinstance(f, dict)
+        ]
+        chart.bands.append(
+            Band(
+                a.name,
+                [*(x(t) for t in layer.xs), stop],
+                lows,
+                [v + a.size for v in lows],
+                "\n".join(detail),
+            )
+        )
+    xs = [x(p.t_us) for p in tl.points] + [end]
+    totals = [float(p.allocated) for p in tl.points]
+    totals.append(totals[-1])
+    if tl.grouped and any(p.allocated > p.kept for p in tl.points):
+        kept = [float(p.kept) for p in tl.points]
+        kept.append(kept[-1])
+        chart.bands.append(
+            Band(
+                f"{tl.grouped} smaller allocations",
+                xs,
+                kept,
+                totals,
+                f"{tl.grouped:,} smaller allocations, grouped "
+                f"(the largest {human_bytes(tl.group_largest)})",
+                grouped=True,
+            )
+        )
+    chart.lines.append(Line("allocated", xs, totals))
+    if tl.has_segments:
+        reserved = [float(p.reserved or 0) for p in tl.points]
+        reserved.append(reserved[-1])
+        chart.lines.append(Line("reserved", xs, reserved, dashed=True))
+    if tl.peak is not None and tl.peak.allocated > 0:
+        during = tl.peak_phase or ""
+        where = f", {during}" if during and len(during) <= 16 else ""
+        chart.labels.append(
+            Label(
+                x(tl.peak.t_us),
+                float(tl.peak.allocated),
+                f"peak {human_bytes(tl.peak.allocated)} at {at(tl.peak.t_us)}{where}",
+            )
+        )
     return chart
 
 
-def _value_at(points: list[replay.Sample], t_us: float) -> int:
-    level = 0
-    for p in points:
-        if p.t_us > t_us:
-            break
-        level = p.allocated
-    return level
-
-
-def overlay(session: Session, exps: list[Experiment]) -> Chart:
-    """Allocated over time for several experiments on one chart."""
-    chart = Chart(title="Allocated over time", x_label="time (ms)")
+def overlay(session: Session, exps: Sequence[Experiment]) -> Chart:
+    """Allocated over time for several experiments, each aligned on its op's start (a
+    scenario on its set-up), in one time unit."""
+    built = []
     for exp in exps:
         _require_trace(session, exp)
-        points = samples(session, exp)
-        chart.lines.append(
-            Line(label(exp), [p.t_us / 1000 for p in points], [float(p.allocated) for p in points])
-        )
+        tl = build(session, exp, with_bands=False)
+        zero = next((t for name, t in tl.marks if name == "op"), tl.start_us)
+        built.append((exp, tl, zero))
+    lo = min((tl.start_us - zero) / 1000 for _, tl, zero in built)
+    hi = max((tl.end_us - zero) / 1000 for _, tl, zero in built)
+    unit, scale = ticks.time_unit(hi - lo)
+    on_op = all(any(n == "op" for n, _ in tl.marks) for _, tl, _ in built)
+    what = "the op started" if on_op else "the op started (set-up where there is no op)"
+    chart = Chart(title="Allocated over time", x_label=f"time since {what} ({unit})")
+    end = hi / scale + (hi - lo) / scale * 0.03
+    for exp, tl, zero in built:
+        xs = [(p.t_us - zero) / 1000 / scale for p in tl.points] + [end]
+        ys = [float(p.allocated) for p in tl.points]
+        chart.lines.append(Line(label(exp), xs, [*ys, ys[-1]]))
+    chart.marks.append(Mark(0.0, "op starts" if on_op else "op (or set-up) starts"))
+    chart.x_range = (lo / scale, end)
     return chart

@@ -1,12 +1,12 @@
-"""Replaying a stored trace event by event: allocated and reserved bytes over time, the
-blocks alive at any moment, the peak.
+"""Replaying a stored trace event by event: allocated and reserved bytes, the blocks alive
+at any moment, the peak. (Bytes over time, for figures, are ``bands.build``'s.)
 
 Memory stays bounded by what is alive at once (live blocks and segments), never by the
 trace's length: events come from ``traces.iter_events`` one chunk at a time.
 """
 
 import heapq
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,41 +148,3 @@ def alive_at(events: Iterable[Event], index: int) -> list[Block]:
         if replay.index >= index:
             break
     return sorted(replay.live.values(), key=lambda b: (-b.size, b.seq))
-
-
-@dataclass(frozen=True)
-class Sample:
-    t_us: float
-    allocated: int
-    reserved: int | None
-
-
-def sample(events: Iterable[Event], total: int, max_points: int = 2000) -> Iterator[Sample]:
-    """Allocated (and reserved) over time, at most about ``max_points`` points.
-
-    Events are taken in buckets of equal count; each bucket yields its lowest and its
-    highest moment in time order, so the peak and the dips survive the thinning.
-    """
-    per_bucket = max(1, -(-total // max(1, max_points // 2)))
-    replay = Replay()
-    yield Sample(0.0, 0, None)
-    lo: Sample | None = None
-    hi: Sample | None = None
-    n = 0
-    for event in events:
-        if not replay.feed(event):
-            continue
-        point = Sample(
-            replay.t_us, replay.allocated, replay.reserved if replay.has_segments else None
-        )
-        if lo is None or point.allocated < lo.allocated:
-            lo = point
-        if hi is None or point.allocated > hi.allocated:
-            hi = point
-        n += 1
-        if n >= per_bucket:
-            yield from sorted({id(lo): lo, id(hi): hi}.values(), key=lambda p: p.t_us)
-            lo = hi = None
-            n = 0
-    if lo is not None and hi is not None:
-        yield from sorted({id(lo): lo, id(hi): hi}.values(), key=lambda p: p.t_us)

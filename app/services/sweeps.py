@@ -8,6 +8,7 @@ transaction begins (``plan``), each distinct scenario once, within one budget of
 import csv
 import io
 import itertools
+import json
 import math
 import uuid
 from collections import Counter
@@ -262,30 +263,35 @@ def to_csv(out: SweepOut) -> str:
     return buf.getvalue()
 
 
+def written(value: Any) -> str:
+    """A grid value as people write it: ``[1024, 1024]``, ``float16``, ``0.5``."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value)
+
+
 def chart(out: SweepOut) -> Chart:
-    """Peak and delta bytes against size, one group of lines per setting of the other grid
-    keys; the prediction dashed beside what was measured."""
+    """Peak and delta bytes against the swept value (a shape, a dtype, a parameter), its
+    values on the axis as written, in the grid's order; one group of lines per setting of
+    the other grid keys; the prediction dashed beside what was measured."""
     keys = list(out.grid)
-    x_key = (
-        "shape"
-        if "shape" in keys
-        else next((k for k in keys if all(isinstance(v, int | float) for v in out.grid[k])), None)
-    )
+    varied = [k for k in keys if len(out.grid[k]) > 1]
+    x_key = "shape" if "shape" in varied else (varied[0] if varied else keys[0])
+    values = list(out.grid[x_key])
 
     def x_of(r: SweepRow) -> float:
-        if x_key is None:
-            return float(r.index)
         value = r.values.get(x_key)
-        if isinstance(value, list):
-            return float(math.prod(value))
-        return float(value) if isinstance(value, int | float) else float(r.index)
+        return float(values.index(value)) if value in values else float(r.index)
 
     groups: dict[str, list[SweepRow]] = {}
     for r in out.rows:
-        name = ", ".join(f"{k}={_cell(r.values.get(k))}" for k in keys if k != x_key) or "all"
+        name = ", ".join(f"{k}={written(r.values.get(k))}" for k in keys if k != x_key) or "all"
         groups.setdefault(name, []).append(r)
-    x_label = {None: "point", "shape": "elements (product of shape)"}.get(x_key, str(x_key))
-    result = Chart(title=f"Sweep {out.id[:8]}: bytes against size", x_label=x_label)
+    result = Chart(
+        title=f"Sweep {out.id[:8]}: bytes against {x_key}",
+        x_label=x_key,
+        x_ticks=[(float(i), written(v)) for i, v in enumerate(values)],
+    )
     for name, rows in groups.items():
         rows = sorted(rows, key=x_of)
         for figure, suffix, dashed in (
@@ -305,6 +311,4 @@ def chart(out: SweepOut) -> Chart:
                         markers=True,
                     )
                 )
-    xs = [x for line in result.lines for x in line.xs]
-    result.x_log = bool(xs) and min(xs) > 0 and max(xs) / min(xs) >= 100
     return result
