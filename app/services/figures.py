@@ -55,6 +55,13 @@ def label(exp: Experiment) -> str:
     return f"{what} ({exp.id[:8]})"
 
 
+def _short_label(exp: Experiment) -> str:
+    """The id first, so that a legend cut to fit still tells the lines apart."""
+    shape = "x".join(str(d) for d in exp.shape)
+    what = " ".join(p for p in (exp.preset or exp.op, shape, exp.dtype, exp.device) if p)
+    return f"{exp.id[:8]} {what}"
+
+
 def _require_trace(session: Session, exp: Experiment) -> None:
     if traces.count(session, exp.id) == 0:
         raise NotFound(
@@ -250,7 +257,7 @@ def overlay(session: Session, exps: Sequence[Experiment]) -> Chart:
     for exp, tl, zero in built:
         xs = [(p.t_us - zero) / 1000 / scale for p in tl.points] + [end]
         ys = [float(p.allocated) for p in tl.points]
-        chart.lines.append(Line(label(exp), xs, [*ys, ys[-1]]))
+        chart.lines.append(Line(_short_label(exp), xs, [*ys, ys[-1]]))
     chart.marks.append(Mark(0.0, "op starts" if on_op else "op (or set-up) starts"))
     chart.x_range = (lo / scale, end)
     return chart

@@ -63,13 +63,53 @@ def test_submit_through_the_page_and_see_the_result(service: str, browser: Any) 
     expect(memory).to_contain_text("1.0 MiB")  # 512 x 512 float32 out
     chart = page.locator("#timeline svg")
     expect(chart).to_be_visible()
+    # The timeline: allocation bands (inputs a and b, the output), the phases shaded and
+    # named, the peak marked once, ticks on both axes, the allocated line.
+    bands = page.locator("#timeline polygon.vl-band")
+    assert bands.count() >= 3
+    titles = [bands.nth(i).locator("title").text_content() or "" for i in range(bands.count())]
+    assert any(t.startswith("input a") for t in titles), titles
+    assert any(t.startswith("output") for t in titles), titles
+    assert page.locator("#timeline .vl-phase").count() == 3
+    labels = page.locator("#timeline .vl-phase-label").all_text_contents()
+    assert labels[:2] == ["setup", "op"], labels
+    assert page.locator("#timeline .vl-peak").count() == 1
+    expect(page.locator("#timeline .vl-peak")).to_contain_text("peak")
+    assert page.locator("#timeline .vl-xtick").count() >= 3
+    assert page.locator("#timeline .vl-ytick").count() >= 3
     assert page.locator("#timeline polyline.vl-line").count() >= 1
-    expect(page.locator("#timeline .vl-label").first).to_contain_text("peak")
-    box = chart.bounding_box()
+    # No label overlaps another or runs outside the figure.
+    overlaps = page.evaluate(
+        """() => {
+          const svg = document.querySelector("#timeline svg").getBoundingClientRect();
+          const boxes = [...document.querySelectorAll(
+            "#timeline .vl-tick, #timeline .vl-phase-label, #timeline .vl-peak text, "
+            + "#timeline .vl-title, #timeline .vl-legend text")]
+            .map(e => [e.textContent, e.getBoundingClientRect()]);
+          const bad = [];
+          for (const [t, r] of boxes) {
+            if (r.left < svg.left || r.right > svg.right || r.top < svg.top
+                || r.bottom > svg.bottom) bad.push("clipped: " + t);
+          }
+          for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+            const [a, p] = boxes[i], [b, q] = boxes[j];
+            if (p.left < q.right && q.left < p.right && p.top < q.bottom && q.top < p.bottom)
+              bad.push("overlap: " + a + " / " + b);
+          }
+          return bad;
+        }"""
+    )
+    assert overlaps == [], overlaps
+    # Hovering a band names it, with its size; the read-out follows the pointer.
+    input_a = bands.nth(next(i for i, t in enumerate(titles) if t.startswith("input a")))
+    input_a.scroll_into_view_if_needed()
+    box = input_a.bounding_box()
     assert box is not None
-    # hover() scrolls the chart into view first; the tooltip follows the pointer.
-    chart.hover(position={"x": box["width"] * 0.6, "y": box["height"] * 0.5})
-    expect(page.locator("#timeline .vl-tip")).to_contain_text("allocated:")
+    page.mouse.move(box["x"] + box["width"] * 0.7, box["y"] + box["height"] * 0.5)
+    tip = page.locator("#timeline .vl-tip")
+    expect(tip).to_contain_text("allocated:")
+    expect(tip).to_contain_text("input a")
+    expect(tip).to_contain_text("1.0 MiB (1,048,576 B)")  # 512 x 512 float32
 
     exp_id = page.url.rsplit("/", 1)[1]
     # The real CPU profiler trace, exported for PyTorch's viewer, reads back in torch's code.
