@@ -166,7 +166,7 @@ def fragment(chart: Chart) -> str:
         )
     for n, line in enumerate(chart.lines):
         pts = stepped(line.xs, line.ys) if line.step else list(zip(line.xs, line.ys, strict=True))
-        colour = layout.LINE_COLOURS[n % len(layout.LINE_COLOURS)]
+        colour = layout.line_colour(chart, n)
         dash = ' stroke-dasharray="6,4"' if line.dashed else ""
         body.append(
             f'<polyline class="vl-line" fill="none" stroke="{colour}" stroke-width="1.5"{dash} '

@@ -79,9 +79,10 @@ def fit(label: str, width_px: float) -> str | None:
     room = int(width_px // CHAR_PX)
     if len(label) <= room:
         return label
-    if room < min(len(label), 8):
-        return None
-    return label[: room - 1] + "…"
+    if room >= 8:
+        return label[: room - 1] + "…"
+    number = label.split(" ", 1)[0]  # a scenario step's number, "07"
+    return number if number.isdigit() and len(number) <= room else None
 
 
 def band_colours(chart: Chart) -> dict[str, str]:
@@ -93,14 +94,22 @@ def band_colours(chart: Chart) -> dict[str, str]:
     return out
 
 
+def line_colour(chart: Chart, n: int) -> str:
+    """Lines over bands are dark (allocated solid, reserved dashed), apart from the bands'
+    colours; lines alone (an overlay, a sweep) each get their own colour."""
+    if chart.bands:
+        return ("#1f3b57", "#444444")[min(n, 1)]
+    return LINE_COLOURS[n % len(LINE_COLOURS)]
+
+
 def legend(chart: Chart) -> list[tuple[str, str, str]]:
     """(kind, colour, text): bands by name, then lines; at most ``MAX_LEGEND``."""
     entries = [("band", c, text(n, 60)) for n, c in band_colours(chart).items()]
     entries += [
         (
             "dashed" if line.dashed else "line",
-            LINE_COLOURS[i % len(LINE_COLOURS)],
-            text(line.name, 60),
+            line_colour(chart, i),
+            text(line.name, 80),
         )
         for i, line in enumerate(chart.lines)
     ]

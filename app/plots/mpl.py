@@ -75,7 +75,7 @@ def _draw(fig: Figure, ax: Any, chart: Chart) -> None:
     for mark in chart.marks:
         ax.axvline(mark.x, color="grey", linewidth=0.8, linestyle=":", zorder=2)
     for n, line in enumerate(chart.lines):
-        colour = layout.LINE_COLOURS[n % len(layout.LINE_COLOURS)]
+        colour = layout.line_colour(chart, n)
         (drawn,) = ax.plot(
             line.xs, line.ys, color=colour, linewidth=1.3,
             linestyle="--" if line.dashed else "-",

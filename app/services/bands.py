@@ -28,7 +28,8 @@ _ROUNDING = 512  # the CUDA caching allocator rounds every block up to 512 bytes
 @dataclass(frozen=True)
 class Name:
     """What to call the allocations that match: made in ``phase``, of a tensor of
-    ``size`` bytes (after the allocator's rounding), still alive at the end (``lives``).
+    ``size`` bytes (a block of that size after the allocator's rounding), still alive at
+    the end (``lives``).
     Each name takes at most ``count`` allocations (0: any number); the first that
     matches wins, in the order given."""
 
@@ -44,8 +45,10 @@ class Name:
         if self.lives is not None and (alloc.end_us is None) != self.lives:
             return False
         if self.size is not None:
+            # The allocator rounds a block up: to 512 bytes, or to a power-of-two division
+            # where ``roundup_power2_divisions`` is set (at most twice the request).
             rounded = -(-max(self.size, 1) // _ROUNDING) * _ROUNDING
-            if not self.size <= alloc.size <= rounded:
+            if not self.size <= alloc.size <= 2 * rounded:
                 return False
         return True
 

@@ -3,8 +3,8 @@ allocation a named band, the phases shaded, the peak marked) and overlays of sev
 
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
 
@@ -16,6 +16,8 @@ from app.plots.chart import Band, Chart, Label, Line, Mark, Span, human_bytes
 from app.schemas.results import BlockOut, PeakMoment, PeakOut
 from app.services import bands, replay, traces
 
+T = TypeVar("T")
+
 
 def _block_out(block: replay.Block) -> BlockOut:
     return BlockOut.model_validate(block.as_dict())
@@ -23,6 +25,13 @@ def _block_out(block: replay.Block) -> BlockOut:
 
 def peak(session: Session, exp: Experiment, top: int) -> PeakOut:
     """Replay once to find the peak and the largest blocks, again to list what was alive."""
+    if top > 50:  # a long list with stacks is not worth holding
+        return _peak(session, exp, top)
+    key = ("peak", exp.id, traces.count(session, exp.id), top)
+    return _cached(exp, key, lambda: _peak(session, exp, top))
+
+
+def _peak(session: Session, exp: Experiment, top: int) -> PeakOut:
     found, largest, n_events, _ = replay.find_peak(traces.iter_events(session, exp.id), top)
     alive: list[replay.Block] = []
     if found is not None:
@@ -69,33 +78,41 @@ def _require_trace(session: Session, exp: Experiment) -> None:
         )
 
 
-# Built timelines of finished experiments (their traces no longer change), so that the
-# page, its SVG and PNG, and a comparison read a long trace once, not once per view.
-_CACHE: OrderedDict[tuple[str, int, bool], bands.Timeline] = OrderedDict()
-_CACHE_SIZE = 32
+# What a finished experiment's trace shows never changes: the page, its SVG and PNG, the
+# peak table and a comparison read a long trace once, not once per view.
+_CACHE: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+_CACHE_SIZE = 64
 _CACHE_LOCK = threading.Lock()
+
+
+def _cached(exp: Experiment, key: tuple[Any, ...], compute: Callable[[], T]) -> T:
+    with _CACHE_LOCK:
+        if key in _CACHE:
+            _CACHE.move_to_end(key)
+            found: T = _CACHE[key]
+            return found
+    value = compute()
+    if Status(exp.status).finished:
+        with _CACHE_LOCK:
+            _CACHE[key] = value
+            while len(_CACHE) > _CACHE_SIZE:
+                _CACHE.popitem(last=False)
+    return value
 
 
 def build(session: Session, exp: Experiment, with_bands: bool = True) -> bands.Timeline:
     """The experiment's band timeline (``with_bands=False``: its totals alone)."""
     count = traces.count(session, exp.id)
-    key = (exp.id, count, with_bands)
-    with _CACHE_LOCK:
-        if key in _CACHE:
-            _CACHE.move_to_end(key)
-            return _CACHE[key]
-    built = bands.build(
-        traces.iter_events(session, exp.id),
-        names(exp) if with_bands else (),
-        total=count,
-        max_bands=bands.MAX_BANDS if with_bands else 0,
+    return _cached(
+        exp,
+        ("timeline", exp.id, count, with_bands),
+        lambda: bands.build(
+            traces.iter_events(session, exp.id),
+            names(exp) if with_bands else (),
+            total=count,
+            max_bands=bands.MAX_BANDS if with_bands else 0,
+        ),
     )
-    if Status(exp.status).finished:
-        with _CACHE_LOCK:
-            _CACHE[key] = built
-            while len(_CACHE) > _CACHE_SIZE:
-                _CACHE.popitem(last=False)
-    return built
 
 
 def names(exp: Experiment) -> list[bands.Name]:
