@@ -228,7 +228,7 @@ def timeline_chart(tl: bands.Timeline, title: str) -> Chart:
         kept.append(kept[-1])
         chart.bands.append(
             Band(
-                f"{tl.grouped} smaller allocations",
+                f"{tl.grouped:,} smaller allocations",
                 xs,
                 kept,
                 totals,
