@@ -99,6 +99,7 @@ def _draw(fig: Figure, ax: Any, chart: Chart) -> None:
     ax.set_title(text(chart.title), pad=18 if chart.spans else 6, fontsize=11)
     ax.set_xlabel(text(chart.x_label))
     ax.set_ylabel(text(chart.y_label))
+    ax.tick_params(labelsize=8)  # the size layout.py measures labels at
     ax.grid(True, axis="y", alpha=0.3)
     if handles:
         if len(handles) > layout.MAX_LEGEND:

@@ -244,7 +244,10 @@ def timeline_chart(tl: bands.Timeline, title: str) -> Chart:
         chart.lines.append(Line("reserved", xs, reserved, dashed=True))
     if tl.peak is not None and tl.peak.allocated > 0:
         during = tl.peak_phase or ""
-        where = f", {during}" if during and len(during) <= 16 else ""
+        number = during.split(" ", 1)[0]
+        if len(during) > 16:  # a scenario's step: its number (the shading names it)
+            during = f"step {number}" if number.isdigit() else ""
+        where = f", {during}" if during else ""
         chart.labels.append(
             Label(
                 x(tl.peak.t_us),
