@@ -78,6 +78,8 @@ class Alloc:
     total_at_end: int = 0
     reserved_at_start: int | None = None
     reserved_at_end: int | None = None
+    addr: Any = None
+    seq: int = -1  # its event's ``seq`` (the position where the event has none)
 
 
 @dataclass(frozen=True)
@@ -101,11 +103,15 @@ class Timeline:
     points: list[Point]  # allocated over time, thinned
     peak: Point | None
     peak_phase: str | None
+    peak_seq: int | None  # the ``seq`` of the event that reached the peak
     grouped: int  # allocations in the group band
     group_largest: int  # the largest of them
     events: int
     has_segments: bool = False
     marks: list[tuple[str, float]] = field(default_factory=list)
+    # The largest allocations of all (up to ``max_bands``, largest first, the earliest of
+    # equals first), whether or not they got a band.
+    largest: list[Alloc] = field(default_factory=list)
 
 
 class _Thin:
@@ -167,6 +173,7 @@ def build(
     phase: str | None = None
     peak: Point | None = None
     peak_phase: str | None = None
+    peak_seq: int | None = None
     for index, event in enumerate(events):
         n_events += 1
         if event.get("t_us") is not None:
@@ -198,6 +205,8 @@ def build(
                     tuple(event.get("frames") or ()),
                     total_at_start=allocated,
                     reserved_at_start=reserved if has_segments else None,
+                    addr=addr,
+                    seq=int(event.get("seq", index)),
                 )
         elif action in FREES:
             entry = live.pop(addr, None)
@@ -219,7 +228,7 @@ def build(
             continue
         point = Point(t, allocated, 0, reserved if has_segments else None, index)
         if peak is None or allocated > peak.allocated:
-            peak, peak_phase = point, event.get("phase") or phase
+            peak, peak_phase, peak_seq = point, event.get("phase") or phase, event.get("seq")
         thin.add(point)
     thin.flush()
 
@@ -242,11 +251,15 @@ def build(
         points=_with_kept(thin.points, allocs, start, has_segments),
         peak=peak,
         peak_phase=peak_phase,
+        peak_seq=peak_seq,
         grouped=n_allocs - len(allocs),
         group_largest=skipped,
         events=n_events,
         has_segments=has_segments,
         marks=marks,
+        largest=sorted(
+            (a for a in chosen.values() if a.addr is not None), key=lambda a: (-a.size, a.seq)
+        ),
     )
 
 

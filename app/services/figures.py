@@ -24,7 +24,8 @@ def _block_out(block: replay.Block) -> BlockOut:
 
 
 def peak(session: Session, exp: Experiment, top: int) -> PeakOut:
-    """Replay once to find the peak and the largest blocks, again to list what was alive."""
+    """The peak and the largest blocks from the timeline's pass (shared with the figure),
+    then a replay up to the peak to list what was alive."""
     if top > 50:  # a long list with stacks is not worth holding
         return _peak(session, exp, top)
     key = ("peak", exp.id, traces.count(session, exp.id), top)
@@ -32,7 +33,25 @@ def peak(session: Session, exp: Experiment, top: int) -> PeakOut:
 
 
 def _peak(session: Session, exp: Experiment, top: int) -> PeakOut:
-    found, largest, n_events, _ = replay.find_peak(traces.iter_events(session, exp.id), top)
+    if top <= bands.MAX_BANDS:
+        tl = build(session, exp)
+        found = (
+            replay.PeakPoint(
+                index=tl.peak.index,
+                seq=tl.peak_seq,
+                t_us=tl.peak.t_us,
+                allocated=tl.peak.allocated,
+                reserved=tl.peak.reserved,
+                phase=tl.peak_phase,
+            )
+            if tl.peak is not None
+            else None
+        )
+        largest = [_alloc_out(a) for a in tl.largest[:top]]
+        n_events = tl.events
+    else:
+        found, blocks, n_events, _ = replay.find_peak(traces.iter_events(session, exp.id), top)
+        largest = [_block_out(b) for b in blocks]
     alive: list[replay.Block] = []
     if found is not None:
         alive = replay.alive_at(traces.iter_events(session, exp.id), found.index)
@@ -51,8 +70,14 @@ def _peak(session: Session, exp: Experiment, top: int) -> PeakOut:
         else None,
         alive_at_peak=[_block_out(b) for b in alive[:top]],
         alive_count=len(alive),
-        largest=[_block_out(b) for b in largest],
+        largest=largest,
         measured_allocated_peak=memory.get("allocated_peak"),
+    )
+
+
+def _alloc_out(a: bands.Alloc) -> BlockOut:
+    return BlockOut(
+        addr=a.addr, size=a.size, seq=a.seq, t_us=a.start_us, phase=a.phase, frames=list(a.frames)
     )
 
 

@@ -1,10 +1,11 @@
 """The band builder on plain event lists, as any source of trace events (an experiment,
 an imported snapshot) would give it: stacking, naming, grouping, thinning, ticks."""
 
+import random
 from typing import Any
 
 from app.plots import ticks
-from app.services import bands
+from app.services import bands, replay
 from tests.results.trace_data import many_events
 
 
@@ -114,3 +115,47 @@ def test_ticks_fall_on_round_binary_and_decimal_values() -> None:
     assert ticks.nice_ticks(0, 287.7) == [0, 50, 100, 150, 200, 250]
     assert ticks.nice_ticks(-4, 9.8) == [-4, -2, 0, 2, 4, 6, 8]
     assert ticks.time_unit(0.5) == ("µs", 1e-3) and ticks.time_unit(300) == ("ms", 1.0)
+
+
+def test_the_peak_and_largest_agree_with_a_plain_replay() -> None:
+    """The peak table reads the peak and the largest blocks from the timeline's pass: on
+    random traces they are the plain replay's, field for field."""
+    rnd = random.Random(7)
+    for _ in range(150):
+        events, live, t = [], [], 0.0
+        for i in range(rnd.randint(0, 200)):
+            t += rnd.random()
+            r = rnd.random()
+            if r < 0.05:
+                events.append(ev(t, "mark", name=f"p{i}"))
+            elif r < 0.1:
+                grows = rnd.random() < 0.5
+                action = "segment_alloc" if grows else "segment_free"
+                events.append(ev(t, action, rnd.randint(0, 5) << 30, 2**21))
+            elif r < 0.6 or not live:
+                live.append(rnd.randint(1, 10**9))
+                size = rnd.choice([0, 512, 4096, rnd.randint(1, 10**6)])
+                events.append(ev(t, "alloc", live[-1], size, phase=rnd.choice([None, "op"])))
+            else:
+                addr = live.pop(rnd.randrange(len(live)))
+                events.append(ev(t, rnd.choice(["free", "free_completed"]), addr))
+        for seq, event in enumerate(events):
+            event["seq"] = seq
+        top = rnd.choice([1, 5, 20, bands.MAX_BANDS])
+        found, largest, n_events, _ = replay.find_peak(events, top)
+        tl = bands.build(events)
+        assert tl.events == n_events
+        if found is None:
+            assert tl.peak is None
+            continue
+        assert tl.peak is not None
+        assert (tl.peak.index, tl.peak_seq, tl.peak.t_us, tl.peak.allocated) == (
+            found.index,
+            found.seq,
+            found.t_us,
+            found.allocated,
+        )
+        assert (tl.peak.reserved, tl.peak_phase) == (found.reserved, found.phase)
+        assert [(a.addr, a.size, a.seq, a.start_us, a.phase) for a in tl.largest[:top]] == [
+            (b.addr, b.size, b.seq, b.t_us, b.phase) for b in largest
+        ]
