@@ -112,6 +112,28 @@ class Timeline:
     # The largest allocations of all (up to ``max_bands``, largest first, the earliest of
     # equals first), whether or not they got a band.
     largest: list[Alloc] = field(default_factory=list)
+    # What was alive just after the peak's event: the largest (as many), and how many.
+    alive_at_peak: list[Alloc] = field(default_factory=list)
+    alive_count: int = 0
+
+
+@dataclass(frozen=True)
+class _Live:
+    """A block alive now, as the pass remembers it."""
+
+    size: int
+    index: int
+    seq: int
+    t_us: float
+    phase: str | None
+    frames: Any
+    addr: Any
+
+    def alloc(self) -> Alloc:
+        frames = tuple(self.frames)
+        return Alloc(
+            self.index, self.size, self.t_us, self.phase, frames, addr=self.addr, seq=self.seq
+        )
 
 
 class _Thin:
@@ -160,7 +182,10 @@ def build(
     if total is None:
         total = len(events) if isinstance(events, Sized) else buckets * 256
     thin = _Thin(-(-total // max(1, buckets // 2)))
-    live: dict[Any, tuple[int, int]] = {}  # addr -> (size, index)
+    live: dict[Any, _Live] = {}
+    # Blocks alive at the peak so far that were freed since: with the blocks still live
+    # and made before the peak, they are what was alive at the peak (no second pass).
+    freed_since_peak: list[_Live] = []
     chosen: dict[int, Alloc] = {}  # the candidates: the largest so far
     heap: list[tuple[int, int]] = []  # min-heap of (size, -index) of the candidates
     marks: list[tuple[str, float]] = []
@@ -184,7 +209,19 @@ def build(
         addr = event.get("addr")
         size = int(event.get("size") or 0)
         if action == "alloc":
-            live[addr if addr is not None else ("index", index)] = (size, index)
+            key = addr if addr is not None else ("index", index)
+            replaced = live.get(key)  # a second alloc at a live address: the first is lost
+            if replaced is not None and peak is not None and replaced.index <= peak.index:
+                freed_since_peak.append(replaced)
+            live[key] = _Live(
+                size,
+                index,
+                int(event.get("seq", index)),
+                t,
+                event.get("phase") or phase,
+                event.get("frames") or (),
+                addr,
+            )
             allocated += size
             n_allocs += 1
             item, candidate = (size, -index), True
@@ -212,8 +249,10 @@ def build(
             entry = live.pop(addr, None)
             if entry is None:
                 continue  # allocated before the trace began: nothing we know changes
-            allocated -= entry[0]
-            kept = chosen.get(entry[1])
+            allocated -= entry.size
+            if peak is not None and entry.index <= peak.index:
+                freed_since_peak.append(entry)
+            kept = chosen.get(entry.index)
             if kept is not None:
                 kept.end_us, kept.end_index, kept.total_at_end = t, index, allocated
                 kept.reserved_at_end = reserved if has_segments else None
@@ -221,16 +260,20 @@ def build(
             has_segments = True
             reserved = reserved + size if action in SEGMENT_GROWS else max(0, reserved - size)
         elif action == "mark":
-            phase = str(event.get("name") or event.get("phase") or "")
-            marks.append((phase, t))
+            phase = event.get("name") or event.get("phase")
+            marks.append((str(phase or ""), t))
             continue
         else:
             continue
         point = Point(t, allocated, 0, reserved if has_segments else None, index)
         if peak is None or allocated > peak.allocated:
             peak, peak_phase, peak_seq = point, event.get("phase") or phase, event.get("seq")
+            freed_since_peak = []
         thin.add(point)
     thin.flush()
+    alive = freed_since_peak
+    if peak is not None:
+        alive += [b for b in live.values() if b.index <= peak.index]
 
     marks.sort(key=lambda m: m[1])
     known = [t for _, t in marks] + ([first] if first is not None else [])
@@ -257,6 +300,11 @@ def build(
         events=n_events,
         has_segments=has_segments,
         marks=marks,
+        alive_at_peak=[
+            b.alloc()
+            for b in heapq.nsmallest(max(max_bands, 1), alive, key=lambda b: (-b.size, b.seq))
+        ],
+        alive_count=len(alive),
         largest=sorted(
             (a for a in chosen.values() if a.addr is not None), key=lambda a: (-a.size, a.seq)
         ),

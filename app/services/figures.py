@@ -24,8 +24,8 @@ def _block_out(block: replay.Block) -> BlockOut:
 
 
 def peak(session: Session, exp: Experiment, top: int) -> PeakOut:
-    """The peak and the largest blocks from the timeline's pass (shared with the figure),
-    then a replay up to the peak to list what was alive."""
+    """The peak, what was alive then and the largest blocks, from the timeline's one pass
+    (shared with the figure); a list longer than the bands kept replays twice."""
     if top > 50:  # a long list with stacks is not worth holding
         return _peak(session, exp, top)
     key = ("peak", exp.id, traces.count(session, exp.id), top)
@@ -48,13 +48,15 @@ def _peak(session: Session, exp: Experiment, top: int) -> PeakOut:
             else None
         )
         largest = [_alloc_out(a) for a in tl.largest[:top]]
-        n_events = tl.events
+        alive = [_alloc_out(a) for a in tl.alive_at_peak[:top]]
+        n_events, alive_count = tl.events, tl.alive_count
     else:
         found, blocks, n_events, _ = replay.find_peak(traces.iter_events(session, exp.id), top)
         largest = [_block_out(b) for b in blocks]
-    alive: list[replay.Block] = []
-    if found is not None:
-        alive = replay.alive_at(traces.iter_events(session, exp.id), found.index)
+        alive_blocks: list[replay.Block] = []
+        if found is not None:
+            alive_blocks = replay.alive_at(traces.iter_events(session, exp.id), found.index)
+        alive, alive_count = [_block_out(b) for b in alive_blocks[:top]], len(alive_blocks)
     memory = (exp.result.data.get("memory") or {}) if exp.result is not None else {}
     return PeakOut(
         experiment_id=exp.id,
@@ -68,8 +70,8 @@ def _peak(session: Session, exp: Experiment, top: int) -> PeakOut:
         )
         if found
         else None,
-        alive_at_peak=[_block_out(b) for b in alive[:top]],
-        alive_count=len(alive),
+        alive_at_peak=alive,
+        alive_count=alive_count,
         largest=largest,
         measured_allocated_peak=memory.get("allocated_peak"),
     )

@@ -118,8 +118,8 @@ def test_ticks_fall_on_round_binary_and_decimal_values() -> None:
 
 
 def test_the_peak_and_largest_agree_with_a_plain_replay() -> None:
-    """The peak table reads the peak and the largest blocks from the timeline's pass: on
-    random traces they are the plain replay's, field for field."""
+    """The peak table reads the peak, what was alive then and the largest blocks from the
+    timeline's one pass: on random traces they are the plain replays', field for field."""
     rnd = random.Random(7)
     for _ in range(150):
         events, live, t = [], [], 0.0
@@ -133,7 +133,8 @@ def test_the_peak_and_largest_agree_with_a_plain_replay() -> None:
                 action = "segment_alloc" if grows else "segment_free"
                 events.append(ev(t, action, rnd.randint(0, 5) << 30, 2**21))
             elif r < 0.6 or not live:
-                live.append(rnd.randint(1, 10**9))
+                # Now and then a second alloc at a live address, as a malformed trace has.
+                live.append(rnd.choice(live) if live and r < 0.12 else rnd.randint(1, 10**9))
                 size = rnd.choice([0, 512, 4096, rnd.randint(1, 10**6)])
                 events.append(ev(t, "alloc", live[-1], size, phase=rnd.choice([None, "op"])))
             else:
@@ -158,4 +159,9 @@ def test_the_peak_and_largest_agree_with_a_plain_replay() -> None:
         assert (tl.peak.reserved, tl.peak_phase) == (found.reserved, found.phase)
         assert [(a.addr, a.size, a.seq, a.start_us, a.phase) for a in tl.largest[:top]] == [
             (b.addr, b.size, b.seq, b.t_us, b.phase) for b in largest
+        ]
+        alive = replay.alive_at(events, found.index)
+        assert tl.alive_count == len(alive)
+        assert [(a.addr, a.size, a.seq, a.phase) for a in tl.alive_at_peak[:top]] == [
+            (b.addr, b.size, b.seq, b.phase) for b in alive[:top]
         ]
