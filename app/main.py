@@ -13,6 +13,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from app import errors
 from app.api.body_limit import BodyLimit
+from app.api.edge import Edge
 from app.api.routes import (
     catalog,
     compare,
@@ -104,5 +105,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.include_router(module.router)
     app.include_router(presets.router)
     app.include_router(signin.router)
+    # Outermost: a URL with a NUL never reaches a route; pages get their headers.
+    app.add_middleware(Edge)
     docs.install(app)
     return app

@@ -48,8 +48,10 @@ def test_submit_through_the_page_and_see_the_result(service: str, browser: Any) 
     from playwright.sync_api import expect
 
     requested: list[str] = []
+    console: list[str] = []
     page = browser.new_page()
     page.on("request", lambda r: requested.append(r.url))
+    page.on("console", lambda m: console.append(m.text))
 
     page.goto(f"{service}/ui/submit")
     spec = {"op": "add", "shape": [512, 512], "dtype": "float32", "device": "cpu"}
@@ -121,6 +123,12 @@ def test_submit_through_the_page_and_see_the_result(service: str, browser: Any) 
     assert "<html>" in memory_viz.trace_plot(snapshot).lower()
     page.goto(f"{service}/ui/")
     expect(page.locator("#experiments")).to_contain_text(exp_id[:8])
+    # The pages' scripts run under their Content-Security-Policy (nonces, no inline handlers).
+    page.check(f"input[name=pick][value='{exp_id}']")
+    page.click("#compare-selected")
+    page.wait_for_url(f"**/ui/compare?ids={exp_id}", timeout=30_000)
+    expect(page.locator("body")).to_contain_text(exp_id[:8])
+    assert not [m for m in console if "Content Security Policy" in m], console
 
     page.goto(f"{service}/docs")
     expect(page.locator(".swagger-ui .info .title")).to_contain_text("vramlab", timeout=30_000)

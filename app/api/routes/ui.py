@@ -30,7 +30,10 @@ TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parents[2] / 
 TEMPLATES.env.finalize = lambda value: "" if value is None else value
 TEMPLATES.env.filters["bytes"] = lambda n: "" if n is None else human_bytes(n)
 TEMPLATES.env.globals["off_prediction"] = experiments.off_prediction
-TEMPLATES.env.globals["chart_script"] = html.SCRIPT
+# The charts' script, without its tag: base.html wraps it in one that carries the CSP nonce.
+TEMPLATES.env.globals["chart_js"] = (
+    html.SCRIPT.strip().removeprefix("<script>").removesuffix("</script>")
+)
 TEMPLATES.env.filters["telling"] = telling_frames
 router = APIRouter(prefix="/ui", include_in_schema=False, dependencies=[require("read")])
 EXAMPLE_SPEC = '{\n  "op": "add",\n  "shape": [1000, 1000],\n  "dtype": "float32"\n}'
