@@ -31,3 +31,35 @@ INTEGER_DTYPES: tuple[str, ...] = ("int64", "int32", "int16", "int8", "uint8")
 
 def itemsize(dtype: str) -> int:
     return DTYPES[dtype]
+
+
+# The values each dtype holds: torch.full refuses a fill value outside them ("value
+# cannot be converted to type ... without overflow").
+_FLOAT_MAX = {
+    "float64": 1.7976931348623157e308,
+    "float32": 3.4028234663852886e38,
+    "float16": 65504.0,
+    "bfloat16": 3.3895313892515355e38,
+    "float8_e4m3fn": 448.0,
+    "float8_e5m2": 57344.0,
+    "complex128": 1.7976931348623157e308,
+    "complex64": 3.4028234663852886e38,
+}
+_INT_RANGE = {
+    "int64": (-(2**63), 2**63 - 1),
+    "int32": (-(2**31), 2**31 - 1),
+    "int16": (-(2**15), 2**15 - 1),
+    "int8": (-128, 127),
+    "uint8": (0, 255),
+}
+
+
+def fill_problem(value: float, dtype: str) -> str | None:
+    """Why ``dtype`` cannot hold the fill ``value``, or None if it can."""
+    if dtype in _FLOAT_MAX:
+        top = _FLOAT_MAX[dtype]
+        return None if -top <= value <= top else f"{dtype} holds at most ±{top:g}"
+    if dtype in _INT_RANGE:
+        low, high = _INT_RANGE[dtype]
+        return None if low <= value <= high else f"{dtype} holds {low} to {high}"
+    return None

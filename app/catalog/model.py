@@ -71,6 +71,8 @@ class Param:
                 raise CatalogError(
                     field, f"must be a{'n integer' if self.kind == 'int' else ' number'}"
                 )
+            if isinstance(value, int) and not -(2**63) <= value < 2**63:
+                raise CatalogError(field, "must fit in 64 bits")
             if not math.isfinite(value):
                 raise CatalogError(field, "must be finite")
             if self.minimum is not None and value < self.minimum:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.catalog.devices import canonical_device
-from app.catalog.dtypes import DTYPES
+from app.catalog.dtypes import DTYPES, fill_problem
 from app.catalog.model import CatalogError, OpEntry, Param, TensorPlan, TensorSpec, check_shape
 from app.catalog.rounding import rounded_block_bytes
 from app.catalog.shapes import broadcast, matmul_shape, norm_dim
@@ -238,7 +238,9 @@ def _create(state: _State, step: Mapping[str, Any], where: str) -> None:
         raise CatalogError(f"{where}.count", f"must be between 1 and {MAX_LIST}")
     if _get(step, "pin_memory", where, bool, False) and device != "cpu":
         raise CatalogError(f"{where}.pin_memory", "only a tensor on the CPU can be pinned")
-    _get(step, "value", where, float, 0.0)
+    value = _get(step, "value", where, float, 0.0)
+    if fn == "full" and (why := fill_problem(value, dtype)) is not None:
+        raise CatalogError(f"{where}.value", why)
     name = _name(step, "name", where)
     # The worker frees what the name held before it makes the new tensors.
     state.drop(name, where)

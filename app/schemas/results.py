@@ -1,10 +1,11 @@
 """Responses about results: the peak, sweeps and comparisons."""
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
+from app.schemas.data import AS_DATA, DataDict
 from app.schemas.experiment import Status
 
 
@@ -42,8 +43,8 @@ class PeakOut(BaseModel):
 class SweepIn(BaseModel):
     """A base spec and a grid; every combination of the grid's values is one experiment."""
 
-    spec: dict[str, Any] = Field(description="an experiment spec, as POST /v1/experiments takes")
-    grid: dict[str, list[Any]] = Field(
+    spec: DataDict = Field(description="an experiment spec, as POST /v1/experiments takes")
+    grid: Annotated[dict[str, list[Any]], AS_DATA] = Field(
         description=(
             'keys: "shape", "dtype", "device", "repeat", "warmup", "trace", '
             '"allocator.<key>", "params.<key>" or a bare op parameter name'

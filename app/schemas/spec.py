@@ -1,8 +1,10 @@
 """The experiment spec a client submits: plain data, checked field by field."""
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from app.schemas.data import TEXT_PATTERN, DataDict
 
 Tag = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f]+$")]
 Dim = Annotated[int, Field(ge=0, le=2**31 - 1)]
@@ -35,7 +37,11 @@ class Requirements(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     gpu_name: str | None = Field(
-        default=None, min_length=1, max_length=200, description="a substring of the GPU's name"
+        default=None,
+        min_length=1,
+        max_length=200,
+        pattern=TEXT_PATTERN,
+        description="a substring of the GPU's name",
     )
     min_memory_bytes: int | None = Field(default=None, ge=0, le=2**50)
 
@@ -61,7 +67,7 @@ class ExperimentSpec(BaseModel):
     shape: list[Dim] = Field(
         default_factory=list, max_length=8, description="the main tensor's shape; [] for a scenario"
     )
-    params: dict[str, Any] = Field(default_factory=dict, description="the op's parameters")
+    params: DataDict = Field(default_factory=dict, description="the op's parameters")
     dtype: str = Field(default="float32", max_length=32)
     device: str | None = Field(
         default=None,
@@ -77,7 +83,7 @@ class ExperimentSpec(BaseModel):
     tags: list[Tag] = Field(default_factory=list, max_length=32)
     priority: int = Field(default=0, ge=-100, le=100)
     requirements: Requirements = Field(default_factory=Requirements)
-    steps: list[dict[str, Any]] | None = Field(
+    steps: list[DataDict] | None = Field(
         default=None,
         max_length=64,
         description="with op 'scenario': named-tensor steps (create, op, move, pin, delete, "

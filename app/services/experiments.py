@@ -5,7 +5,7 @@ import binascii
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import and_, event, func, or_, select
@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from app.core.config import Settings
 from app.errors import ApiError, Conflict, NotFound, TooManyRequests
 from app.models import Experiment, ExperimentTag
+from app.schemas.data import STORED
 from app.schemas.experiment import ExperimentError, ExperimentOut, QueueInfo
 from app.schemas.spec import ExperimentSpec
 from app.services import workers
@@ -179,8 +180,12 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         stamp, exp_id = raw.split("|", 1)
-        return datetime.fromisoformat(stamp), exp_id
-    except (ValueError, binascii.Error, UnicodeDecodeError):
+        at = datetime.fromisoformat(stamp)
+        # The cursors this API writes carry UTC; a forged one without a zone is no cursor.
+        if at.tzinfo is None or "\x00" in exp_id:
+            raise ValueError("not a cursor")
+        return at.astimezone(UTC), exp_id
+    except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError):
         raise ApiError(
             "cursor: not a cursor this API returned",
             details=[{"field": "cursor", "message": "pass next_cursor from a previous page"}],
@@ -273,7 +278,8 @@ def to_out(exp: Experiment, queue: QueueInfo | None = None) -> ExperimentOut:
             "tags": exp.tags,
             "priority": exp.priority,
             "requirements": {"gpu_name": exp.gpu_name, "min_memory_bytes": exp.min_memory_bytes},
-        }
+        },
+        context=STORED,  # read back as stored, even if a later rule would refuse it
     )
     error = None
     if exp.error_type is not None:

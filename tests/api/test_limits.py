@@ -1,5 +1,6 @@
 """Duplicates, overload and hostile input: each answered with a 4xx in the one shape."""
 
+import base64
 import json
 import threading
 
@@ -85,6 +86,23 @@ def test_hostile_input_gets_4xx_in_the_one_shape(client: httpx.Client) -> None:
         json.dumps({**ADD, "tags": ["a\x00b"]}).encode(),
         b'{"op": "add", "shape": [1], "params": {"other_shape": ' + deep + b"}}",
         b'{"op": "add", "shape": [1], "params": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        # Each of these answered 500 (or was stored, then failed to render or to run).
+        _scenario(b'{"do": "create", "name": "x", "shape": [2], "label": "\\udfff"}'),
+        _scenario(b'{"do": "create", "name": "x", "shape": [2], "fn": "full", "value": NaN}'),
+        _scenario(b'{"do": "create", "name": "x", "shape": [2], "fn": "full", "value": -Infinity}'),
+        _scenario(
+            b'{"do": "create", "name": "x", "shape": [2], "fn": "full", "value": 1%s}'
+            % (b"0" * 400)
+        ),
+        b'{"op": "full", "shape": [2], "device": "cpu", "params": {"value": 1%s}}' % (b"0" * 400),
+        # A fill value the dtype cannot hold fails in torch: refused at submission too.
+        json.dumps({**ADD, "op": "full", "dtype": "float16", "params": {"value": 1e5}}).encode(),
+        _scenario(
+            b'{"do": "create", "name": "x", "shape": [2], "fn": "full", "value": 256, '
+            b'"dtype": "uint8"}'
+        ),
+        json.dumps({**ADD, "requirements": {"gpu_name": "H\x00200"}}).encode(),
+        json.dumps({**ADD, "params": {"other_shape": ["a\x00"]}}).encode(),
     ]
     for body in cases:
         response = client.post(
@@ -98,6 +116,25 @@ def test_hostile_input_gets_4xx_in_the_one_shape(client: httpx.Client) -> None:
         error = response.json()["error"]
         assert error["type"] and error["message"]
     assert client.get("/v1/experiments").json()["items"] == []
+
+
+def _scenario(step: bytes) -> bytes:
+    return b'{"op": "scenario", "device": "cpu", "steps": [' + step + b"]}"
+
+
+def test_forged_cursors_and_nul_in_urls_get_4xx(client: httpx.Client) -> None:
+    for stamp in (b"2999-01-01T00:00:00", b"9999-12-31T23:59:59-05:00", b"not a time"):
+        cursor = base64.urlsafe_b64encode(stamp + b"|x").decode().rstrip("=")
+        for path in ("/v1/experiments", "/ui/"):
+            response = client.get(path, params={"cursor": cursor})
+            assert response.status_code == 400, (path, stamp, response.text[:200])
+            assert "not a cursor this API returned" in response.text  # JSON, or a page
+    for params in ({"op": "a\x00b"}, {"tag": "\x00"}, {"device": "cpu\x00"}):
+        response = client.get("/v1/experiments", params=params)
+        assert response.status_code == 422, (params, response.text[:200])
+        assert response.json()["error"]["type"] == "validation_error"
+    assert client.get("/v1/experiments/a%00b").status_code == 422
+    assert client.get("/v1/experiments").status_code == 200
 
 
 def test_unicode_tags_round_trip(client: httpx.Client) -> None:

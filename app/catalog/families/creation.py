@@ -1,11 +1,18 @@
 """Creation ops: a tensor made on the device, nothing before it."""
 
+from app.catalog.dtypes import fill_problem
 from app.catalog.families.common import ALL, NUMERIC, RANDOM, Params, Shape
-from app.catalog.model import OpEntry, Param, TensorPlan, TensorSpec
+from app.catalog.model import CatalogError, OpEntry, Param, TensorPlan, TensorSpec
 
 
 def _creation(shape: Shape, params: Params, dtype: str, device: str) -> TensorPlan:
     return TensorPlan(inputs=(), outputs=(TensorSpec("out", shape, dtype, device),))
+
+
+def _full(shape: Shape, params: Params, dtype: str, device: str) -> TensorPlan:
+    if (why := fill_problem(params["value"], dtype)) is not None:
+        raise CatalogError("params.value", why)
+    return _creation(shape, params, dtype, device)
 
 
 def _entry(
@@ -14,7 +21,7 @@ def _entry(
     return OpEntry(
         name=name,
         summary=summary,
-        plan_fn=_creation,
+        plan_fn=_full if name == "full" else _creation,
         params=params,
         dtypes=dtypes,
         tags=("creation",),
