@@ -3,6 +3,7 @@
 import argparse
 import logging
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -30,13 +31,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from app.main import create_app
 
-    settings = get_settings()
+    # The address really served decides whether tokens are required (`auto`), whatever
+    # VRAMLAB_HOST said; `up` passes the token it made for its own worker.
+    settings = get_settings().model_copy(
+        update={"host": args.host, "local_worker_token": getattr(args, "local_worker_token", None)}
+    )
     if not args.no_migrate:
         _migrate(settings.database_url)
-    if args.host not in ("127.0.0.1", "localhost", "::1") and settings.worker_token is None:
-        log.warning(
-            "listening on %s with no VRAMLAB_WORKER_TOKEN: anyone can act as a worker", args.host
-        )
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
@@ -63,9 +64,15 @@ def cmd_up(args: argparse.Namespace) -> int:
     """The API with an embedded database and one local worker, in one command."""
     settings = get_settings()
     _migrate(settings.database_url)
-    api = f"http://{args.host}:{args.port}"
+    # The worker reaches the API on loopback when it listens on every address.
+    local = "127.0.0.1" if args.host in ("0.0.0.0", "", "::") else args.host
+    api = f"http://[{local}]:{args.port}" if ":" in local else f"http://{local}:{args.port}"
+    # Its own worker token (passed in the environment, not on the command line), so that
+    # it can work wherever tokens are required without turning them on by itself.
+    token = settings.worker_token or secrets.token_urlsafe(32)
     worker = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "worker", "--api", api, "--device", args.device]
+        [sys.executable, "-m", "app.cli", "worker", "--api", api, "--device", args.device],
+        env={**os.environ, "VRAMLAB_WORKER_TOKEN": token},
     )
     log.info("vramlab: API on %s (docs at %s/docs), database %s", api, api, settings.database_url)
     # uvicorn re-raises the signal that stopped it once it has shut down; with these
@@ -74,7 +81,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, lambda *_: None)
     try:
         serve = argparse.Namespace(
-            host=args.host, port=args.port, no_migrate=True, log_level=args.log_level
+            host=args.host,
+            port=args.port,
+            no_migrate=True,
+            log_level=args.log_level,
+            local_worker_token=None if settings.worker_token else token,
         )
         return cmd_serve(serve)
     finally:

@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+import secrets
 import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -80,6 +81,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.db = Database(settings.database_url)
     app.state.signal = WorkSignal()
+    # Signs the web pages' sessions; a random key ends every session when the API restarts.
+    app.state.session_key = (
+        settings.session_secret.encode() if settings.session_secret else secrets.token_bytes(32)
+    )
     app.state.snapshot_slots = threading.BoundedSemaphore(settings.snapshot_imports_at_once)
     # Each app its own registry: tests run several apps in one process.
     app.state.metrics = CollectorRegistry(auto_describe=False)

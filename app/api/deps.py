@@ -9,16 +9,17 @@ from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from app.api import origins
 from app.core.config import Settings
 from app.core.db import Database
 from app.errors import Forbidden, Unauthorized
 from app.models import Experiment
 from app.models.base import utcnow
-from app.services import auth, experiments
+from app.services import auth, experiments, sessions
 from app.services.signals import WorkSignal
 
 READ_METHODS = ("GET", "HEAD", "OPTIONS")
-TOKEN_COOKIE = "vramlab_token"
+SESSION_COOKIE = "vramlab_session"
 
 
 def get_db(request: Request) -> Database:
@@ -55,6 +56,17 @@ NowDep = Annotated[datetime, Depends(now)]
 bearer = HTTPBearer(auto_error=False, description="an API token: `vramlab token create`")
 
 
+def check_same_site(request: Request, settings: Settings, *, required: bool) -> None:
+    """Refuse a state change that a browser made from another site; with ``required``,
+    also one that does not say where it comes from."""
+    source = origins.same_origin(request, settings)
+    if source is False or (required and source is None):
+        raise Forbidden(
+            "a change from another site (Origin, Referer or Sec-Fetch-Site) is refused: "
+            "submit from this service's own pages, or send `Authorization: Bearer <token>`"
+        )
+
+
 def principal(
     request: Request,
     db: Annotated[Database, Depends(get_db)],
@@ -66,22 +78,37 @@ def principal(
     Its own short read session: a long-polling claim must not hold the request's
     (write) session while it waits.
     """
+    changes = request.method not in READ_METHODS
     # The header, else the web pages' sign-in cookie (a page load cannot send a header).
-    token = (
-        credentials.credentials if credentials is not None else request.cookies.get(TOKEN_COOKIE)
-    )
+    cookie = None if credentials is not None else request.cookies.get(SESSION_COOKIE)
     with db.session(write=False) as s:
-        if token:
-            found = auth.authenticate(s, settings, token)
+        if credentials is not None:
+            found = auth.authenticate(s, settings, credentials.credentials)
             if found is None:
                 raise Unauthorized("the bearer token is unknown or revoked")
             return found
         required = auth.auth_required(s, settings)
+        if cookie:
+            key: bytes = request.app.state.session_key
+            found = sessions.principal(s, key, cookie, utcnow())
+            if found is not None:
+                if changes:
+                    check_same_site(request, settings, required=True)
+                return found
+            if required:
+                raise Unauthorized("the sign-in has expired or its token was revoked")
     if required:
         raise Unauthorized(
             "this API needs a token: `Authorization: Bearer <token>` (`vramlab token create`)",
             headers={"WWW-Authenticate": "Bearer"},
         )
+    if not origins.open_host_allowed(request, settings):
+        raise Forbidden(
+            f"this open service answers only for {', '.join(settings.open_hosts)} "
+            "(VRAMLAB_OPEN_HOSTS); the Host header named another"
+        )
+    if changes:
+        check_same_site(request, settings, required=False)
     return auth.OPEN
 
 

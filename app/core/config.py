@@ -4,7 +4,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import field_validator
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_SQLITE = Path("data") / "vramlab.db"
@@ -45,9 +45,21 @@ class Settings(BaseSettings):
     max_trace_chunk_events: int = 100_000
     # A shared worker token (the `worker` scope), for deployments such as docker compose.
     worker_token: str | None = None
-    # "auto": auth is on when listening beyond loopback, with a worker token set, or once
-    # any API token exists; "on" and "off" force it.
+    # The token `vramlab up` makes for its own worker; unlike worker_token it does not by
+    # itself turn tokens on.
+    local_worker_token: str | None = None
+    # "auto": auth is on when the address served is beyond loopback (`--host` of `serve`
+    # and `up`), with a worker token set, or once any API token exists; "on" and "off"
+    # force it.
     auth: Literal["auto", "on", "off"] = "auto"
+    # With no token required, only requests for these host names are answered (others get
+    # 403): a web page cannot reach the open service by pointing its own name at
+    # 127.0.0.1 (DNS rebinding). "*.localhost" matches any subdomain; "*" any name.
+    open_hosts: list[str] = ["localhost", "127.0.0.1", "::1", "*.localhost"]
+    # The web pages' sign-in: how long it lasts, and the key that signs it (random at each
+    # start when unset; set one shared key for several API replicas).
+    session_seconds: int = Field(default=12 * 3600, ge=60, le=30 * 86400)
+    session_secret: str | None = None
     # Queued experiments one token (or the open service) may have at once; past it, 429.
     max_queued_per_token: int = 10_000
     # Request bodies larger than this get 413 (trace chunks have their own limit).

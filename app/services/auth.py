@@ -5,6 +5,7 @@ brute-force, and look-up by hash stays one indexed query.
 """
 
 import hashlib
+import ipaddress
 import secrets
 import uuid
 from dataclasses import dataclass
@@ -19,7 +20,18 @@ from app.models import ApiToken
 
 SCOPES = ("read", "submit", "worker", "admin")
 TOKEN_PREFIX = "vl_"
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether an address (or host name) reaches this machine alone. ``0.0.0.0``, ``::``
+    and any other name or address listen beyond it."""
+    name = host.strip().strip("[]").lower()
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -38,6 +50,7 @@ OPEN = Principal(id=None, name="open", scopes=frozenset(SCOPES))
 STATIC_WORKER = Principal(
     id="worker-token", name="VRAMLAB_WORKER_TOKEN", scopes=frozenset({"worker"})
 )
+LOCAL_WORKER = Principal(id="local-worker", name="vramlab up", scopes=frozenset({"worker"}))
 
 
 def hash_token(token: str) -> str:
@@ -83,16 +96,20 @@ def auth_required(session: Session, settings: Settings) -> bool:
         return True
     if settings.auth == "off":
         return False
-    if settings.host not in LOOPBACK or settings.worker_token is not None:
+    if not is_loopback(settings.host) or settings.worker_token is not None:
         return True
     return tokens_exist(session)
 
 
+def _same(token: str, secret: str | None) -> bool:
+    return secret is not None and secrets.compare_digest(token.encode(), secret.encode())
+
+
 def authenticate(session: Session, settings: Settings, token: str) -> Principal | None:
-    if settings.worker_token is not None and secrets.compare_digest(
-        token.encode(), settings.worker_token.encode()
-    ):
+    if _same(token, settings.worker_token):
         return STATIC_WORKER
+    if _same(token, settings.local_worker_token):
+        return LOCAL_WORKER
     row = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
     if row is None or row.revoked_at is not None:
         return None

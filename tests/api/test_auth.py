@@ -4,13 +4,16 @@ import hashlib
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
 from app.core.config import normalise_database_url
-from tests.conftest import LiveServer, make_settings
+from tests.conftest import LiveServer, free_port, make_settings
+from tests.e2e.procs import env_for, start, stop, wait_done, wait_ready
 from tests.helpers import ADD, CPU_CAPS
 
 
@@ -132,6 +135,51 @@ def test_web_pages_sign_in_with_a_token_cookie(database_url: str) -> None:
         assert "httponly" in cookie and "samesite=strict" in cookie
         assert c.get("/ui/").status_code == 200  # the client keeps the cookie
         assert c.get("/v1/experiments").status_code == 200
-        assert c.post("/v1/experiments", json=ADD).status_code == 403  # still only `read`
+        same_site = {"Origin": live.url}
+        denied = c.post("/v1/experiments", json=ADD, headers=same_site)
+        assert denied.status_code == 403 and "'submit'" in denied.text  # still only `read`
         c.post("/ui/signout")
         assert c.get("/ui/").status_code == 303
+
+
+def _served_on_every_address(
+    command: str, database_url: str, tmp_path: Path, *extra: str
+) -> Iterator[str]:
+    """A real `vramlab <command> --host 0.0.0.0`, reached over 127.0.0.1; killed by PID."""
+    port = free_port()
+    log = tmp_path / f"{command}.log"
+    # Whatever the environment says, the address really bound decides.
+    env = env_for(database_url, VRAMLAB_HOST="127.0.0.1", VRAMLAB_CLAIM_WAIT_SECONDS="2")
+    proc = start([command, "--host", "0.0.0.0", "--port", str(port), *extra], env, log)
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop(proc)
+    assert "OPEN" not in log.read_text()
+
+
+def test_serve_on_every_address_requires_tokens(database_url: str, tmp_path: Path) -> None:
+    for url in _served_on_every_address("serve", database_url, tmp_path):
+        with httpx.Client(base_url=url) as c:
+            listed = c.get("/v1/experiments")
+            assert listed.status_code == 401, listed.text
+            register = {"name": "w", "capabilities": CPU_CAPS}
+            assert c.post("/v1/worker/register", json=register).status_code == 401
+            assert c.post("/v1/experiments", json=ADD).status_code == 401
+            assert c.get("/healthz").status_code == 200
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_up_on_every_address_requires_tokens_and_its_worker_has_one(
+    database_url: str, tmp_path: Path
+) -> None:
+    admin = create_token(database_url, "admin")
+    for url in _served_on_every_address("up", database_url, tmp_path, "--device", "cpu"):
+        with httpx.Client(base_url=url, timeout=30) as c:
+            assert c.get("/v1/experiments").status_code == 401
+            made = c.post("/v1/experiments", json=ADD, headers=bearer(admin))
+            assert made.status_code == 202
+            exp = wait_done(httpx.Client(base_url=url, headers=bearer(admin)), made.json()["id"])
+            assert exp["status"] == "succeeded", exp

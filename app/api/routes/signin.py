@@ -1,19 +1,26 @@
-"""Signing in to the web pages: a token kept in an HttpOnly, same-site cookie.
+"""Signing in to the web pages: a signed session in an HttpOnly, same-site cookie.
 
 A browser cannot add an Authorization header to a page load, so where tokens are
-required the pages read the token from this cookie instead (app/api/deps.py).
+required the pages read a session from this cookie instead (app/api/deps.py). The cookie
+holds no token: a session names the token, expires (``VRAMLAB_SESSION_SECONDS``) and dies
+when the token is revoked (app/services/sessions.py). It is ``Secure`` unless the page was
+reached on a loopback name. Sign-in and sign-out refuse forms posted from other sites.
 """
 
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from sqlalchemy.orm import Session
 
-from app.api.deps import TOKEN_COOKIE, get_db, get_settings
+from app.api import origins
+from app.api.deps import SESSION_COOKIE, check_same_site, get_db, get_settings
 from app.api.routes.ui import TEMPLATES
 from app.core.config import Settings
 from app.core.db import Database
-from app.services import auth
+from app.models import ApiToken
+from app.models.base import utcnow
+from app.services import auth, sessions
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
@@ -23,6 +30,13 @@ def signin_page(request: Request) -> HTMLResponse:
     return TEMPLATES.TemplateResponse(request, "signin.html", {"error": None})
 
 
+def _token_row(s: Session, settings: Settings, token: str) -> ApiToken | None:
+    who = auth.authenticate(s, settings, token)
+    if who is None or who.id is None or not who.allows("read"):
+        return None
+    return s.get(ApiToken, who.id)
+
+
 @router.post("/signin")
 def signin(
     request: Request,
@@ -30,23 +44,37 @@ def signin(
     db: Annotated[Database, Depends(get_db)],
     settings: Annotated[Settings, Depends(get_settings)],
 ) -> Response:
+    check_same_site(request, settings, required=False)
     with db.session(write=False) as s:
-        who = auth.authenticate(s, settings, token.strip())
-    if who is None or not who.allows("read"):
+        row = _token_row(s, settings, token.strip())
+        value = None
+        if row is not None:
+            value = sessions.issue(
+                request.app.state.session_key, row, utcnow(), settings.session_seconds
+            )
+    if value is None:
         page = TEMPLATES.TemplateResponse(
             request, "signin.html", {"error": "unknown or revoked token, or no read scope"}
         )
         page.status_code = 401
         return page
     response = RedirectResponse("/ui/", status_code=303)
+    loopback = auth.is_loopback(origins.host_name(request.headers.get("host", "")))
     response.set_cookie(
-        TOKEN_COOKIE, token.strip(), httponly=True, samesite="strict", path="/", max_age=30 * 86400
+        SESSION_COOKIE,
+        value,
+        httponly=True,
+        samesite="strict",
+        secure=not loopback,
+        path="/",
+        max_age=settings.session_seconds,
     )
     return response
 
 
 @router.post("/signout")
-def signout() -> Response:
+def signout(request: Request, settings: Annotated[Settings, Depends(get_settings)]) -> Response:
+    check_same_site(request, settings, required=False)
     response = RedirectResponse("/ui/signin", status_code=303)
-    response.delete_cookie(TOKEN_COOKIE, path="/")
+    response.delete_cookie(SESSION_COOKIE, path="/")
     return response
