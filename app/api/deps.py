@@ -13,9 +13,9 @@ from app.api import origins
 from app.core.config import Settings
 from app.core.db import Database
 from app.errors import Forbidden, Unauthorized
-from app.models import Experiment
+from app.models import Experiment, Worker
 from app.models.base import utcnow
-from app.services import auth, experiments, sessions
+from app.services import auth, experiments, sessions, workers
 from app.services.signals import WorkSignal
 
 READ_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -131,3 +131,20 @@ def experiment(s: SessionDep, experiment_id: Annotated[str, Path(max_length=64)]
 
 
 ExperimentDep = Annotated[Experiment, Depends(experiment)]
+
+
+def worker_of_experiment(
+    experiment_id: Annotated[str, Path(max_length=64)],
+    db: Annotated[Database, Depends(get_db)],
+    who: PrincipalDep,
+) -> None:
+    """The worker protocol's calls on a claimed experiment come only from the token whose
+    worker claimed it (the lease token is checked after, by the route)."""
+    with db.session(write=False) as s:
+        exp = s.get(Experiment, experiment_id)
+        worker = s.get(Worker, exp.worker_id) if exp is not None and exp.worker_id else None
+        if worker is not None and not workers.may_act_as(who, worker):
+            raise Forbidden(f"experiment {experiment_id} was claimed by another token's worker")
+
+
+WorkerOwnsExperiment = Depends(worker_of_experiment)

@@ -21,3 +21,5 @@ class Worker(Base):
     last_seen_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
     state: Mapped[str] = mapped_column(String(16), default="idle")
     current_experiment_id: Mapped[str | None] = mapped_column(String(36), default=None)
+    # The token that registered it (None: the open service): only that token may act as it.
+    registered_by: Mapped[str | None] = mapped_column(String(36), default=None)

@@ -1,32 +1,74 @@
 """The worker protocol's messages, and what GET /v1/workers shows."""
 
+import json
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    model_validator,
+)
 
+from app.schemas import data
+from app.schemas.data import NO_NUL, TEXT_PATTERN, DataDict
 from app.schemas.experiment import ErrorType
+
+# What a real host can have: the largest GPUs hold under 2 TiB, hosts show at most 16.
+MAX_GPU_MEMORY = 2**41
+MAX_GPUS = 16
+MAX_EXTRAS = 16
+MAX_EXTRAS_BYTES = 4096
+MAX_PROGRESS_KEYS = 16
+MAX_PROGRESS_BYTES = 2048
+Version = Annotated[str, StringConstraints(max_length=64, pattern=TEXT_PATTERN)]
+
+
+def _json_size(value: Any) -> int:
+    return len(json.dumps(value, separators=(",", ":")))
 
 
 class Gpu(BaseModel):
-    index: int = Field(ge=0, le=63)
-    name: str = Field(max_length=200)
-    total_memory: int = Field(ge=0, le=2**50)
+    index: int = Field(ge=0, lt=MAX_GPUS)
+    name: str = Field(min_length=1, max_length=200, pattern=TEXT_PATTERN)
+    total_memory: int = Field(ge=2**20, le=MAX_GPU_MEMORY)
 
 
 class Capabilities(BaseModel):
+    """What a worker declares. Other keys (versions, flags) are kept as data, bounded."""
+
     model_config = ConfigDict(extra="allow")
 
-    device_types: list[Literal["cpu", "cuda"]] = Field(min_length=1)
-    gpus: list[Gpu] = Field(default_factory=list, max_length=64)
-    torch: str | None = None
-    cuda: str | None = None
-    driver: str | None = None
+    device_types: list[Literal["cpu", "cuda"]] = Field(min_length=1, max_length=2)
+    gpus: list[Gpu] = Field(default_factory=list, max_length=MAX_GPUS)
+    torch: Version | None = None
+    cuda: Version | None = None
+    driver: Version | None = None
+
+    @model_validator(mode="after")
+    def _plausible(self) -> "Capabilities":
+        if len(set(self.device_types)) != len(self.device_types):
+            raise ValueError("device_types lists a type twice")
+        if len({g.index for g in self.gpus}) != len(self.gpus):
+            raise ValueError("two GPUs share an index")
+        if self.gpus and "cuda" not in self.device_types:
+            raise ValueError("GPUs are listed but 'cuda' is not among device_types")
+        extras = self.model_extra or {}
+        if len(extras) > MAX_EXTRAS:
+            raise ValueError(f"at most {MAX_EXTRAS} keys beyond the known ones")
+        if (why := data.problem(extras)) is not None:
+            raise ValueError(why)
+        if any(len(k) > 64 for k in extras) or _json_size(extras) > MAX_EXTRAS_BYTES:
+            raise ValueError(f"keys beyond the known ones take at most {MAX_EXTRAS_BYTES} bytes")
+        return self
 
 
 class RegisterRequest(BaseModel):
-    name: str = Field(min_length=1, max_length=200)
-    hostname: str = Field(default="", max_length=255)
+    name: str = Field(min_length=1, max_length=200, pattern=TEXT_PATTERN)
+    hostname: str = Field(default="", max_length=255, pattern=TEXT_PATTERN)
     capabilities: Capabilities
 
 
@@ -56,8 +98,22 @@ class LeaseRequest(BaseModel):
     lease_token: str = Field(max_length=64)
 
 
+def _progress(value: dict[str, Any]) -> dict[str, Any]:
+    if len(value) > MAX_PROGRESS_KEYS or _json_size(value) > MAX_PROGRESS_BYTES:
+        raise ValueError(
+            f"progress holds at most {MAX_PROGRESS_KEYS} keys in {MAX_PROGRESS_BYTES} bytes"
+        )
+    if any(isinstance(v, dict | list) for v in value.values()):
+        raise ValueError("progress values are strings, numbers, booleans or null")
+    return value
+
+
+# A few flat figures that say how far a run is ({"state": "running", "repeat": 2}).
+Progress = Annotated[dict[str, Any], data.AS_DATA, AfterValidator(_progress)]
+
+
 class HeartbeatRequest(LeaseRequest):
-    progress: dict[str, Any] | None = None
+    progress: Progress | None = None
 
 
 class HeartbeatResponse(BaseModel):
@@ -67,9 +123,9 @@ class HeartbeatResponse(BaseModel):
 
 class WorkerError(BaseModel):
     type: ErrorType
-    message: str = Field(max_length=20_000)
-    hint: str | None = Field(default=None, max_length=5_000)
-    details: dict[str, Any] | None = None
+    message: str = Field(max_length=20_000, pattern=NO_NUL)
+    hint: str | None = Field(default=None, max_length=5_000, pattern=NO_NUL)
+    details: DataDict | None = None
 
 
 class MemoryFigures(BaseModel):
@@ -96,7 +152,7 @@ class ResultIn(BaseModel):
 
 class OutcomeRequest(LeaseRequest):
     status: Literal["succeeded", "failed", "cancelled"]
-    result: dict[str, Any] | None = None
+    result: DataDict | None = None
     error: WorkerError | None = None
     trace_events: int = Field(default=0, ge=0, le=10**9)
 

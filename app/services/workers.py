@@ -10,11 +10,15 @@ from sqlalchemy.orm import Session
 from app.errors import NotFound
 from app.models import Experiment, Worker
 from app.schemas.worker import RegisterRequest
+from app.services.auth import Principal
 
 
-def register(session: Session, req: RegisterRequest, now: datetime) -> Worker:
+def register(
+    session: Session, req: RegisterRequest, now: datetime, registered_by: str | None = None
+) -> Worker:
     worker = Worker(
         id=str(uuid.uuid4()),
+        registered_by=registered_by,
         name=req.name,
         hostname=req.hostname,
         capabilities=req.capabilities.model_dump(),
@@ -30,6 +34,19 @@ def get(session: Session, worker_id: str) -> Worker:
     worker = session.get(Worker, worker_id)
     if worker is None:
         raise NotFound(f"no worker {worker_id!r}: register again")
+    return worker
+
+
+def may_act_as(who: Principal, worker: Worker) -> bool:
+    """A worker id is usable by the token that registered it (and by admins)."""
+    return who.id == worker.registered_by or who.allows("admin")
+
+
+def get_for(session: Session, worker_id: str, who: Principal) -> Worker:
+    """The worker, if this caller may act as it; another token's worker is not found."""
+    worker = session.get(Worker, worker_id)
+    if worker is None or not may_act_as(who, worker):
+        raise NotFound(f"no worker {worker_id!r} of this token: register again")
     return worker
 
 

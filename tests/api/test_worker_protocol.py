@@ -9,6 +9,7 @@ from typing import Any
 
 import httpx
 
+from tests.api.test_auth import bearer, create_token
 from tests.conftest import LiveServer, make_settings
 from tests.helpers import ADD, CPU_CAPS, CUDA_CAPS, MATMUL, claim, register, submit, succeed
 
@@ -245,3 +246,72 @@ def test_worker_token_is_required_when_configured(database_url: str) -> None:
         assert denied.status_code == 401 and denied.json()["error"]["type"] == "unauthorized"
         auth = {"Authorization": "Bearer s3cret"}
         assert client.post("/v1/worker/register", json=body, headers=auth).status_code == 200
+
+
+def test_a_worker_id_belongs_to_the_token_that_registered_it(database_url: str) -> None:
+    first, second, admin = (create_token(database_url, s) for s in ("worker", "worker", "admin"))
+    with LiveServer(make_settings(database_url)) as live:
+        ours = httpx.Client(base_url=live.url, headers=bearer(first))
+        theirs = httpx.Client(base_url=live.url, headers=bearer(second))
+        exp = submit(httpx.Client(base_url=live.url, headers=bearer(admin)))
+        worker = register(ours)
+        # Claiming as a worker that another token registered: no such worker, for them.
+        stolen = theirs.post("/v1/worker/claim", json={"worker_id": worker, "wait_s": 0})
+        assert stolen.status_code == 404, stolen.text
+        assert "register again" in stolen.json()["error"]["message"]
+        got = claim(ours, worker)
+        assert got is not None and got["id"] == exp["id"]
+        # Even with the lease token, the other token cannot act on the claimed experiment.
+        lease = {"lease_token": got["lease_token"]}
+        for call in ("heartbeat", "release"):
+            refused = theirs.post(f"/v1/worker/experiments/{exp['id']}/{call}", json=lease)
+            assert refused.status_code == 403, (call, refused.text)
+        assert succeed(theirs, got).status_code == 403
+        assert ours.post(f"/v1/worker/experiments/{exp['id']}/heartbeat", json=lease).is_success
+        assert succeed(ours, got).status_code == 200
+
+
+def test_every_field_a_worker_sends_is_bounded(client: httpx.Client) -> None:
+    h200 = {"name": "NVIDIA H200", "total_memory": 141 * 2**30}
+    fake = {"index": 0, "name": "NVIDIA H200", "total_memory": 2**50}
+    refused_caps: list[dict[str, Any]] = [
+        {"device_types": ["cpu", "cuda"], "gpus": [{**fake, "index": i} for i in range(8)]},
+        {"device_types": ["cuda"], "gpus": [{**h200, "index": i} for i in range(17)]},
+        {"device_types": ["cuda"], "gpus": [{**h200, "index": 0}, {**h200, "index": 0}]},
+        {"device_types": ["cpu"], "gpus": [{**h200, "index": 0}]},
+        {"device_types": ["cuda", "cuda", "cuda"]},
+        {"device_types": ["cpu"], "torch": "x" * 65},
+        {"device_types": ["cpu"], **{f"extra{i}": 1 for i in range(17)}},
+        {"device_types": ["cpu"], "notes": "x" * 5000},
+        {"device_types": ["cpu"], "nested": {"a": "\x00"}},
+    ]
+    for caps in refused_caps:
+        response = client.post("/v1/worker/register", json={"name": "w", "capabilities": caps})
+        assert response.status_code == 422, (str(caps)[:80], response.text[:200])
+        assert response.json()["error"]["type"] == "validation_error"
+    for name in ("w\x00", "w\x1b[31m"):
+        body = {"name": name, "capabilities": CPU_CAPS}
+        assert client.post("/v1/worker/register", json=body).status_code == 422
+    # A real host's capabilities, with extras the probe may add, still register.
+    caps = {**CUDA_CAPS, "gpus": [{**h200, "index": i} for i in range(8)], "arch": "sm_90"}
+    worker = register(client, caps)
+
+    exp = submit(client)
+    got = claim(client, worker)
+    assert got is not None and got["id"] == exp["id"]
+    url = f"/v1/worker/experiments/{exp['id']}/heartbeat"
+    for progress in (
+        {"log": "x" * 500_000},
+        {"nested": {"deep": [1, 2, 3]}},
+        {f"k{i}": i for i in range(17)},
+        {"at": "\x00"},
+    ):
+        beat = client.post(url, json={"lease_token": got["lease_token"], "progress": progress})
+        assert beat.status_code == 422, (str(progress)[:60], beat.text[:200])
+    fine = {"state": "running", "repeat": 2, "of": 3}
+    beat = client.post(url, json={"lease_token": got["lease_token"], "progress": fine})
+    assert beat.status_code == 200
+    assert client.get(f"/v1/experiments/{exp['id']}").json()["progress"] == fine
+    nan = b'{"lease_token": "%s", "progress": {"at": NaN}}' % got["lease_token"].encode()
+    beat = client.post(url, content=nan, headers={"Content-Type": "application/json"})
+    assert beat.status_code == 422

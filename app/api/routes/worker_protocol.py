@@ -12,8 +12,10 @@ from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import (
     NowDep,
+    PrincipalDep,
     SessionDep,
     SettingsDep,
+    WorkerOwnsExperiment,
     get_db,
     get_settings,
     get_signal,
@@ -35,6 +37,7 @@ from app.schemas.worker import (
     RegisterResponse,
 )
 from app.services import experiments, queue, traces, workers
+from app.services.auth import Principal
 from app.services.signals import WorkSignal, wait_for
 
 router = APIRouter(
@@ -56,15 +59,20 @@ def spec_for_worker(exp: Experiment, settings: Settings) -> dict[str, object]:
 
 @router.post("/register", response_model=RegisterResponse)
 def register(
-    req: RegisterRequest, s: SessionDep, settings: SettingsDep, now: NowDep
+    req: RegisterRequest, s: SessionDep, settings: SettingsDep, now: NowDep, who: PrincipalDep
 ) -> RegisterResponse:
-    worker = workers.register(s, req, now)
+    worker = workers.register(s, req, now, registered_by=who.id)
     return RegisterResponse(
         worker_id=worker.id,
         lease_seconds=settings.lease_seconds,
         # Often enough that a cancel reaches a running experiment within about 2 s.
         heartbeat_seconds=max(0.2, min(settings.lease_seconds / 3, 2.0)),
     )
+
+
+def _check_owner(db: Database, worker_id: str, who: Principal) -> None:
+    with db.session(write=False) as s:
+        workers.get_for(s, worker_id, who)
 
 
 def _try_claim(db: Database, worker_id: str, settings: Settings) -> ClaimedExperiment | None:
@@ -96,7 +104,9 @@ async def claim(
     db: Annotated[Database, Depends(get_db)],
     settings: Annotated[Settings, Depends(get_settings)],
     signal: Annotated[WorkSignal, Depends(get_signal)],
+    who: PrincipalDep,
 ) -> ClaimedExperiment | Response:
+    await run_in_threadpool(_check_owner, db, req.worker_id, who)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(req.wait_s, settings.claim_wait_seconds)
     while True:
@@ -115,7 +125,11 @@ async def claim(
 ExperimentId = Annotated[str, Path(max_length=64)]
 
 
-@router.post("/experiments/{experiment_id}/heartbeat", response_model=HeartbeatResponse)
+@router.post(
+    "/experiments/{experiment_id}/heartbeat",
+    response_model=HeartbeatResponse,
+    dependencies=[WorkerOwnsExperiment],
+)
 def heartbeat(
     experiment_id: ExperimentId,
     req: HeartbeatRequest,
@@ -135,6 +149,7 @@ def heartbeat(
 @router.put(
     "/experiments/{experiment_id}/trace/{seq}",
     summary="Upload one gzip-compressed NDJSON chunk of the trace",
+    dependencies=[WorkerOwnsExperiment],
     openapi_extra={
         # gzip bytes, declared as octet-stream: the generic binary type that clients and
         # schema tools know how to send.
@@ -168,7 +183,11 @@ async def upload_trace(
     return {"seq": seq, "events": await run_in_threadpool(store)}
 
 
-@router.post("/experiments/{experiment_id}/result", summary="Report the outcome")
+@router.post(
+    "/experiments/{experiment_id}/result",
+    summary="Report the outcome",
+    dependencies=[WorkerOwnsExperiment],
+)
 def result(
     experiment_id: ExperimentId, req: OutcomeRequest, s: SessionDep, now: NowDep
 ) -> dict[str, str]:
@@ -176,7 +195,11 @@ def result(
     return {"id": exp.id, "status": exp.status}
 
 
-@router.post("/experiments/{experiment_id}/release", summary="Give the experiment back unrun")
+@router.post(
+    "/experiments/{experiment_id}/release",
+    summary="Give the experiment back unrun",
+    dependencies=[WorkerOwnsExperiment],
+)
 def release(
     experiment_id: ExperimentId, req: LeaseRequest, s: SessionDep, now: NowDep
 ) -> dict[str, str]:
