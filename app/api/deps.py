@@ -148,3 +148,15 @@ def worker_of_experiment(
 
 
 WorkerOwnsExperiment = Depends(worker_of_experiment)
+
+
+def metrics_reader(
+    request: Request,
+    db: Annotated[Database, Depends(get_db)],
+    settings: Annotated[Settings, Depends(get_settings)],
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> None:
+    """GET /metrics: open to scrapers unless ``VRAMLAB_METRICS_NEED_TOKEN`` asks for a
+    token (any scope) wherever tokens are required."""
+    if settings.metrics_need_token:
+        principal(request, db, settings, credentials)

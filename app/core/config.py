@@ -60,6 +60,11 @@ class Settings(BaseSettings):
     # start when unset; set one shared key for several API replicas).
     session_seconds: int = Field(default=12 * 3600, ge=60, le=30 * 86400)
     session_secret: str | None = None
+    # Submitters without the admin scope may set `priority` up to this (0: only admins
+    # may put work ahead of the queue; anyone may lower their own).
+    max_priority: int = Field(default=0, ge=-100, le=100)
+    # When tokens are required, GET /metrics needs one too (any scope).
+    metrics_need_token: bool = False
     # Queued experiments one token (or the open service) may have at once; past it, 429.
     max_queued_per_token: int = 10_000
     # Request bodies larger than this get 413 (trace chunks have their own limit).

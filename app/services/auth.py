@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from app.core.config import Settings
-from app.errors import NotFound
+from app.errors import Forbidden, NotFound
 from app.models import ApiToken
 
 SCOPES = ("read", "submit", "worker", "admin")
@@ -114,3 +114,13 @@ def authenticate(session: Session, settings: Settings, token: str) -> Principal 
     if row is None or row.revoked_at is not None:
         return None
     return Principal(id=row.id, name=row.name, scopes=frozenset(row.scopes))
+
+
+def check_priority(who: Principal, priority: int, settings: Settings) -> None:
+    """Only admins put work ahead of the shared queue: others may set ``priority`` up to
+    ``VRAMLAB_MAX_PRIORITY`` (0 unless the operator raises it)."""
+    if priority > settings.max_priority and not who.allows("admin"):
+        raise Forbidden(
+            f"priority {priority} needs the 'admin' scope; without it, at most "
+            f"{settings.max_priority} (VRAMLAB_MAX_PRIORITY)"
+        )

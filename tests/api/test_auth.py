@@ -183,3 +183,39 @@ def test_up_on_every_address_requires_tokens_and_its_worker_has_one(
             assert made.status_code == 202
             exp = wait_done(httpx.Client(base_url=url, headers=bearer(admin)), made.json()["id"])
             assert exp["status"] == "succeeded", exp
+
+
+def test_priority_above_the_ceiling_needs_admin(database_url: str) -> None:
+    submitter = create_token(database_url, "submit")
+    admin = create_token(database_url, "admin")
+    with LiveServer(make_settings(database_url)) as live, httpx.Client(base_url=live.url) as c:
+        jump = c.post("/v1/experiments", json={**ADD, "priority": 100}, headers=bearer(submitter))
+        assert jump.status_code == 403, jump.text
+        assert "admin" in jump.json()["error"]["message"]
+        sweep = {"spec": {**ADD, "priority": 1}, "grid": {"shape": [[8], [16]]}}
+        assert c.post("/v1/sweeps", json=sweep, headers=bearer(submitter)).status_code == 403
+        preset = {"priority": 5, "device": "cpu", "size": "small"}
+        run = c.post(
+            "/v1/presets/cpu_copy_stays_alive/runs", json=preset, headers=bearer(submitter)
+        )
+        assert run.status_code == 403, run.text
+        for priority in (0, -50):
+            lower = {**ADD, "priority": priority}
+            assert c.post("/v1/experiments", json=lower, headers=bearer(submitter)).is_success
+        high = c.post("/v1/experiments", json={**ADD, "priority": 100}, headers=bearer(admin))
+        assert high.status_code == 202
+    with LiveServer(make_settings(database_url, max_priority=10)) as live:
+        with httpx.Client(base_url=live.url, headers=bearer(submitter)) as c:
+            assert c.post("/v1/experiments", json={**ADD, "priority": 10}).status_code == 202
+            assert c.post("/v1/experiments", json={**ADD, "priority": 11}).status_code == 403
+
+
+def test_metrics_can_require_a_token(database_url: str) -> None:
+    reader = create_token(database_url, "read")
+    with LiveServer(make_settings(database_url)) as live:
+        assert httpx.get(f"{live.url}/metrics").status_code == 200  # the default: open
+    with LiveServer(make_settings(database_url, metrics_need_token=True)) as live:
+        anonymous = httpx.get(f"{live.url}/metrics")
+        assert anonymous.status_code == 401
+        scraped = httpx.get(f"{live.url}/metrics", headers=bearer(reader))
+        assert scraped.status_code == 200 and "vramlab_experiments" in scraped.text

@@ -17,7 +17,7 @@ from app.core.db import Database
 from app.errors import ERROR_RESPONSES
 from app.schemas.experiment import ExperimentOut, ExperimentPage, Status
 from app.schemas.spec import ExperimentSpec
-from app.services import experiments
+from app.services import auth, experiments
 from app.services.auth import Principal
 from app.services.specs import AcceptedSpec, accept
 
@@ -61,6 +61,7 @@ def submit(
         ),
     ] = None,
 ) -> ExperimentOut:
+    auth.check_priority(who, spec.spec.priority, settings)
     exp, replayed = experiments.submit_once(
         s, spec, settings, signal, now, submitted_by=who.id, idempotency_key=idempotency_key
     )

@@ -1,12 +1,12 @@
 """Liveness and readiness."""
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import text
 from sqlalchemy.exc import SQLAlchemyError
 
-from app.api.deps import SessionDep
+from app.api.deps import SessionDep, metrics_reader
 
 router = APIRouter(tags=["health"])
 
@@ -36,6 +36,7 @@ def readyz(s: SessionDep) -> JSONResponse:
     summary="Prometheus metrics: experiments by status, failures by type, live workers",
     response_class=Response,
     responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}},
+    dependencies=[Depends(metrics_reader)],
 )
 def metrics(request: Request) -> Response:
     return Response(generate_latest(request.app.state.metrics), media_type=CONTENT_TYPE_LATEST)

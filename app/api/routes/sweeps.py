@@ -10,7 +10,7 @@ from app.api.figures import FIGURE_RESPONSES, FigureFormat, respond
 from app.core.db import Database
 from app.errors import ERROR_RESPONSES
 from app.schemas.results import SweepIn, SweepOut
-from app.services import sweeps, workers
+from app.services import auth, sweeps, workers
 from app.services.auth import Principal
 from app.services.specs import AcceptedSpec
 
@@ -46,6 +46,7 @@ def create(
     """Every point is checked as ``POST /v1/experiments`` checks a spec; if one is invalid,
     nothing is queued and the 422 names the point and the field."""
     body, points = planned
+    auth.check_priority(who, max((p.spec.priority for p in points), default=0), settings)
     sweep = sweeps.create(s, body, points, settings, signal, now, submitted_by=who.id)
     s.flush()
     return sweeps.read(s, sweep)
