@@ -45,3 +45,27 @@ def needs_fresh_interpreter(settings: Mapping[str, Any]) -> bool:
     """True when the spec asks for another backend than the one torch loaded with here."""
     wanted = settings.get("backend")
     return wanted is not None and wanted != backend_of(current_conf())
+
+
+# Settings the caching allocator reads when it makes, splits or frees a block, not when it
+# starts: a warm spare whose CUDA context exists takes them through
+# torch.cuda.memory._set_allocator_settings before its first allocation (checked on an
+# H200: an expandable segment maps, docs/gpu-measurements.md). Anything else, the backend
+# above all, takes the cold path: a child forked for the spec.
+RUNTIME_KEYS = frozenset(
+    {
+        "expandable_segments",
+        "max_split_size_mb",
+        "garbage_collection_threshold",
+        "roundup_power2_divisions",
+    }
+)
+
+
+def warm_safe(settings: Mapping[str, Any]) -> bool:
+    """Whether a child whose CUDA context already exists can still honour ``settings``."""
+    return all(
+        key in RUNTIME_KEYS or (key == "backend" and not needs_fresh_interpreter(settings))
+        for key, value in settings.items()
+        if value is not None
+    )

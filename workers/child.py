@@ -53,12 +53,81 @@ class Body:
     held: Any = None  # a scenario's named tensors, alive until the figures are read
 
 
-def main(spec: dict[str, Any], conn: Connection, trace_path: str | None, t0_ns: int) -> None:
+@dataclass
+class Prepared:
+    """A device made ready before the spec was known: what starting it cost, or its error."""
+
+    device: str
+    init_rss: tuple[int, int] | None = None
+    error: BaseException | None = None
+    init_s: float = 0.0
+
+
+class Stages:
+    """Wall time of the child's stages, for the runner's overhead breakdown (bench/)."""
+
+    def __init__(self) -> None:
+        self.last = time.perf_counter()
+        self.times: dict[str, float] = {}
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter()
+        self.times[name] = self.times.get(name, 0.0) + now - self.last
+        self.last = now
+
+
+def prepare(device: torch.device) -> Prepared:
+    """Start CUDA on ``device`` ahead of a spec (a warm spare): context made, nothing
+    allocated, so allocated and reserved still start at zero and first-use effects
+    (cuBLAS's workspace) stay in the experiment. On the CPU there is nothing to start."""
+    started = time.perf_counter()
+    prepared = Prepared(str(device))
+    if device.type == "cuda":
+        rss_before = psutil.Process().memory_info().rss
+        try:
+            call(init_device, device)
+        except OpFailure as failure:
+            prepared.error = failure.cause
+        prepared.init_rss = (rss_before, psutil.Process().memory_info().rss)
+    prepared.init_s = time.perf_counter() - started
+    return prepared
+
+
+def serve_spare(device: str, conn: Connection) -> None:
+    """A warm spare: prepare the device, wait for the runner's spec, run it, exit.
+
+    The spec arrives as JSON on the same pipe that carries the result back; EOF before it
+    means the runner retired this spare unused.
+    """
+    gc.freeze()
+    prepared = prepare(torch.device(device))
+    try:
+        message = conn.recv_bytes()
+    except (EOFError, OSError):
+        return
+    spec, trace_path, t0_ns, handed_at = json.loads(message)
+    main(spec, conn, trace_path, t0_ns, prepared, handed_at)
+
+
+def main(
+    spec: dict[str, Any],
+    conn: Connection,
+    trace_path: str | None,
+    t0_ns: int,
+    prepared: Prepared | None = None,
+    handed_at: float | None = None,
+) -> None:
     # Everything inherited from the forkserver (torch's modules) is long-lived: freezing it
     # keeps the collector from scanning it (a gc.collect() here took 0.17 s otherwise).
     gc.freeze()
+    stages = Stages()
+    if handed_at is not None:
+        # perf_counter is CLOCK_MONOTONIC, one clock for every process of the host.
+        stages.times["handoff"] = stages.last - handed_at
     try:
-        payload = run_experiment(spec, Path(trace_path) if trace_path else None, t0_ns)
+        payload = run_experiment(
+            spec, Path(trace_path) if trace_path else None, t0_ns, prepared, stages
+        )
     except BaseException as exc:  # a bug of ours: report it rather than die silently
         payload = {
             "status": "failed",
@@ -71,31 +140,42 @@ def main(spec: dict[str, Any], conn: Connection, trace_path: str | None, t0_ns: 
                 {"traceback": traceback.format_exc()},
             ),
         }
+    stages.mark("report")
+    payload["stages"] = stages.times
     conn.send_bytes(json.dumps(payload, default=str).encode())
     conn.close()
 
 
-def run_experiment(spec: dict[str, Any], trace_path: Path | None, t0_ns: int) -> dict[str, Any]:
-    alloc_conf = apply_allocator(spec.get("allocator") or {})
+def run_experiment(
+    spec: dict[str, Any],
+    trace_path: Path | None,
+    t0_ns: int,
+    prepared: Prepared | None = None,
+    stages: Stages | None = None,
+) -> dict[str, Any]:
+    stages = stages or Stages()
     device = torch.device(spec["device"])
-    rss_before_init = psutil.Process().memory_info().rss
-    try:
-        call(init_device, device)
-    except OpFailure as failure:
+    if prepared is not None and prepared.device != str(device):
+        raise RuntimeError(f"a spare prepared for {prepared.device} got a {device} spec")
+    alloc_conf = apply_allocator(spec.get("allocator") or {})
+    if prepared is None:
+        prepared = prepare(device)
+        stages.mark("init_device")
+    if prepared.error is not None:
         return {
             "status": "failed",
             "result": None,
             "trace_events": 0,
-            "error": classify(failure.cause, spec),
+            "error": classify(prepared.error, spec),
         }
-    rss_after_init = psutil.Process().memory_info().rss
+    init_rss = prepared.init_rss
     limits.apply(spec, device)  # the service's byte cap, held from here to the end
-    init_rss = (rss_before_init, rss_after_init) if device.type == "cuda" else None
     meter = Meter(device)
     tracer = make_tracer(
         str(device), spec.get("trace", "events"), t0_ns, allocator.backend_of(alloc_conf)
     )
     tracer.start()
+    stages.mark("tracer_start")
     is_scenario = spec["op"] == "scenario"
     if is_scenario:
         body = Body()
@@ -104,10 +184,12 @@ def run_experiment(spec: dict[str, Any], trace_path: Path | None, t0_ns: int) ->
         )
     else:
         body = execute_op(spec, device, meter, tracer)
+    stages.mark("run")
     trace = tracer.stop()
     if device.type == "cpu":
         fill_from_events(meter.phases, trace.events, "cpu")
         sections.fill_cpu(trace.sections, trace.events)
+    stages.mark("tracer_stop")
 
     if is_scenario:
         result = scenario.build_result(spec, meter.phases, body.steps, trace, alloc_conf)
@@ -115,8 +197,10 @@ def run_experiment(spec: dict[str, Any], trace_path: Path | None, t0_ns: int) ->
         result = build_result(
             spec, meter.phases, body.inputs, body.outputs, body.timing, trace, alloc_conf
         )
+        stages.mark("result")
         if body.error is None and op_for(spec["op"], spec.get("params") or {}).probe:
             body.watched = _watch_once(spec, body, device)
+        stages.mark("copy_watch")
         names = [o["name"] for o in result["outputs"]]
         result["placement"] = placement(
             body.inputs, list(zip(names, body.outputs, strict=True)), body.extras, body.watched
@@ -132,12 +216,14 @@ def run_experiment(spec: dict[str, Any], trace_path: Path | None, t0_ns: int) ->
     if err is not None and err["type"] in ("oom", "memory_limit"):
         err["details"] = {**oom_details(err["message"], meter.phases), **err["details"]}
     result["notes"] = notes.write(spec, result, trace.events, err, init_rss)
+    stages.mark("notes")
     count = 0
     if spec.get("trace", "events") == "none":
         # The CPU profiler ran for the figures, but nothing was asked to be kept.
         result["trace"] = {"source": "none", "events": 0, "truncated": False}
     elif trace_path is not None:
         count = write_events(trace_path, trace.events)
+    stages.mark("trace_write")
     if err is not None:
         kept = result if err["type"] in _KEEP_RESULT or is_scenario else None
         return {"status": "failed", "result": kept, "error": err, "trace_events": count}

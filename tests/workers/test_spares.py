@@ -1,0 +1,108 @@
+"""Warm spare children and concurrent experiments, through the runner's public interface."""
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from tests.workers.conftest import SpecFactory
+from workers import allocator
+from workers.runner import Outcome, Runner
+
+
+def succeeded(outcome: Outcome) -> dict[str, Any]:
+    assert outcome.status == "succeeded", outcome.error
+    assert outcome.result is not None
+    if outcome.trace_path is not None:
+        outcome.trace_path.unlink()
+    return outcome.result
+
+
+def test_a_warm_spare_measures_what_a_cold_child_measures(
+    runner: Runner, make_spec: SpecFactory, tmp_path: Path
+) -> None:
+    spec = make_spec("add", [1000, 1000])
+    cold = Runner(warm=False)
+    try:
+        cold_result = succeeded(cold.run(spec, work_dir=tmp_path))
+    finally:
+        cold.close()
+    runner.capabilities()  # the first spare starts here
+    warm_outcome = runner.run(spec, work_dir=tmp_path)
+    warm_result = succeeded(warm_outcome)
+    assert cold_result["environment"]["child_start"] == "forked"
+    assert warm_result["environment"]["child_start"] == "warm_spare"
+    for result in (cold_result, warm_result):
+        memory = result["memory"]
+        assert memory["delta_allocated"] == spec["prediction"]["delta_allocated"]
+        assert memory["allocated_before"] == 8_000_000
+        assert result["environment"]["concurrent"] == 1
+    assert warm_outcome.stages["handoff"] >= 0
+    assert set(warm_outcome.stages) >= {"handoff", "run", "notes", "report"}
+
+
+def test_each_experiment_gets_a_spare_of_its_own(runner: Runner, make_spec: SpecFactory) -> None:
+    # A spare runs one spec and exits: the next experiment's child is a new process.
+    spec = make_spec("add", [8], trace="none")
+    pids = []
+    for _ in range(3):
+        outcome = runner.run(spec)
+        assert succeeded(outcome)["environment"]["child_start"] == "warm_spare"
+        pids.append(outcome.pid)
+    assert None not in pids and len(set(pids)) == 3
+
+
+def test_a_dead_spare_falls_back_to_a_forked_child(runner: Runner, make_spec: SpecFactory) -> None:
+    spec = make_spec("add", [8], trace="none")
+    succeeded(runner.run(spec))  # leaves a spare for the CPU
+    for spare in runner.spares("cpu"):
+        spare.kill()
+        spare.join(10)
+    result = succeeded(runner.run(spec))
+    assert result["environment"]["child_start"] == "forked"
+    assert succeeded(runner.run(spec))["environment"]["child_start"] == "warm_spare"
+
+
+def test_a_crash_in_a_spare_is_reported(runner: Runner, make_spec: SpecFactory) -> None:
+    succeeded(runner.run(make_spec("add", [8], trace="none")))
+    outcome = runner.run(make_spec("abort", [4]))
+    assert outcome.error is not None and outcome.error["type"] == "crashed"
+    assert succeeded(runner.run(make_spec("add", [8], trace="none")))
+
+
+def test_settings_that_need_a_new_allocator_take_the_cold_path() -> None:
+    assert allocator.warm_safe({})
+    assert allocator.warm_safe({"expandable_segments": True, "max_split_size_mb": 64})
+    assert allocator.warm_safe({"garbage_collection_threshold": 0.6})
+    assert allocator.warm_safe({"roundup_power2_divisions": 4, "backend": None})
+    assert not allocator.warm_safe({"backend": "cudaMallocAsync"})
+    assert not allocator.warm_safe({"pinned_use_cuda_host_register": True})
+
+
+def test_concurrent_experiments_say_how_many_shared_the_device(
+    make_spec: SpecFactory,
+) -> None:
+    runner = Runner(concurrency=2)
+    runner.start()
+    long_started = threading.Event()
+    release = threading.Event()
+    outcomes: list[Outcome] = []
+
+    def should_cancel() -> bool:
+        long_started.set()  # polled only once its child is running
+        return release.is_set()
+
+    def long_run() -> None:
+        spec = make_spec("sleep", [4], {"seconds": 60}, warmup=0, repeat=1)
+        outcomes.append(runner.run(spec, should_cancel=should_cancel))
+
+    thread = threading.Thread(target=long_run)
+    thread.start()
+    try:
+        assert long_started.wait(120)
+        result = succeeded(runner.run(make_spec("add", [8], trace="none")))
+    finally:
+        release.set()
+        thread.join(120)
+        runner.close()
+    assert result["environment"]["concurrent"] == 2
+    assert [o.status for o in outcomes] == ["cancelled"]
