@@ -8,7 +8,7 @@ import torch
 
 from workers.measure import PhaseRecord
 from workers.ops import storage_key
-from workers.probe import driver_version, host_info
+from workers.probe import host_info
 from workers.tracer import Trace
 
 
@@ -75,13 +75,13 @@ def environment(device: str, alloc_conf: str) -> dict[str, Any]:
     if device.startswith("cuda"):
         props = torch.cuda.get_device_properties(torch.device(device))
         gpu_name, gpu_total = props.name, int(props.total_memory)
-    # No nvidia-smi here: a subprocess per experiment is slow; the runner fills it in.
-    driver = driver_version(allow_subprocess=False) if device.startswith("cuda") else None
     return {
         **env,
         "gpu_name": gpu_name,
         "gpu_total_memory": gpu_total,
-        "driver": driver,
+        # The runner fills it in from the worker's capabilities, probed once: asking NVML
+        # (or nvidia-smi) in every experiment's child cost tens of milliseconds.
+        "driver": None,
         "allocator_conf": alloc_conf,
         "device": device,
     }

@@ -1,0 +1,106 @@
+"""Where a clean child's time goes: cProfile over one experiment in a forked child.
+
+    python bench/child_profile.py [--device cpu|cuda:0] [--op add] [--n 5] [--top 25]
+
+Imports torch and workers.child once (as the forkserver does, never touching CUDA), then
+forks N children; each starts its device, runs a tiny experiment through
+``workers.child.run_experiment`` under cProfile, and writes its stats. Prints the
+stages' medians (the same stages the runner reports) and the functions with the most
+cumulative time over all N children.
+"""
+
+import argparse
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from app.catalog import plan_spec  # noqa: E402
+from workers import child  # noqa: E402
+
+
+def spec_for(op: str, device: str) -> dict[str, object]:
+    params = {"other_shape": [256, 256]} if op == "matmul" else {}
+    checked, plan = plan_spec(op, (256, 256), params, "float32", device)
+    return {
+        "op": op,
+        "shape": [256, 256],
+        "params": checked,
+        "dtype": "float32",
+        "device": device,
+        "warmup": 0,
+        "repeat": 1,
+        "allocator": {},
+        "trace": "events",
+        "prediction": plan.prediction(device),
+    }
+
+
+def one_child(spec: dict[str, object], out: Path) -> None:
+    import gc
+
+    import torch
+
+    gc.freeze()  # as workers.child.main does: the inherited heap is never scanned
+    profile = cProfile.Profile()
+    stages = child.Stages()
+    profile.enable()
+    prepared = child.prepare(torch.device(str(spec["device"])))
+    stages.mark("init_device")
+    payload = child.run_experiment(spec, out.with_suffix(".gz"), time.time_ns(), prepared, stages)
+    profile.disable()
+    assert payload["status"] == "succeeded", payload["error"]
+    profile.dump_stats(str(out))
+    out.with_suffix(".stages").write_text(repr(stages.times))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--op", default="add")
+    parser.add_argument("--n", type=int, default=5)
+    parser.add_argument("--top", type=int, default=25)
+    args = parser.parse_args()
+    spec = spec_for(args.op, args.device)
+    folder = Path(tempfile.mkdtemp(prefix="vramlab-profile-"))
+    walls = []
+    for i in range(args.n):
+        out = folder / f"child{i}.prof"
+        started = time.perf_counter()
+        pid = os.fork()
+        if pid == 0:
+            code = 0
+            try:
+                one_child(spec, out)
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+                code = 1
+            os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        walls.append(time.perf_counter() - started)
+        if status:
+            raise SystemExit(f"child {i} failed")
+    stages: dict[str, list[float]] = {}
+    for i in range(args.n):
+        for k, v in eval((folder / f"child{i}.stages").read_text()).items():  # our own file
+            stages.setdefault(k, []).append(v)
+    print(f"\n{args.op} 256x256 float32 on {args.device}, {args.n} forked children")
+    print(f"fork to exit, median {statistics.median(walls):.3f} s")
+    for k, v in stages.items():
+        print(f"  {k:<14} {statistics.median(v) * 1000:8.1f} ms")
+    stats = pstats.Stats(*(str(folder / f"child{i}.prof") for i in range(args.n)))
+    stats.sort_stats("cumulative").print_stats(args.top)
+    stats.print_callers("_find_and_load")
+
+
+if __name__ == "__main__":
+    main()
