@@ -5,6 +5,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -44,19 +45,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     from workers.client import ApiClient
+    from workers.crew import install_signal_handlers, run_all
     from workers.loop import WorkerLoop
     from workers.runner import Runner
 
     token = args.token or os.environ.get("VRAMLAB_WORKER_TOKEN")
-    client = ApiClient(args.api, token=token)
-    runner = Runner(device=args.device)
-    loop = WorkerLoop(client, runner, name=args.name, max_experiments=args.max_experiments)
-    loop.install_signal_handlers()
+    runner = Runner(device=args.device, warm=not args.cold, concurrency=args.concurrency)
+    clients = [ApiClient(args.api, token=token) for _ in range(args.concurrency)]
+    name = args.name or socket.gethostname()
+    loops = [
+        WorkerLoop(
+            client,
+            runner,
+            name=name if args.concurrency == 1 else f"{name}/{i}",
+            max_experiments=args.max_experiments,
+        )
+        for i, client in enumerate(clients)
+    ]
+    install_signal_handlers(loops)
     try:
-        loop.run()
+        run_all(loops)
     finally:
         runner.close()
-        client.close()
+        for client in clients:
+            client.close()
     return 0
 
 
@@ -152,6 +164,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--name", default=None)
     p.add_argument("--max-experiments", type=int, default=None, help="exit after this many")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        choices=range(1, 65),
+        metavar="N",
+        help="experiments run at once on this host's device (default 1)",
+    )
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="no warm spare children: fork each experiment's child when it is claimed",
+    )
     p.set_defaults(func=cmd_worker)
 
     p = sub.add_parser("migrate", help="upgrade the database schema (Alembic)")

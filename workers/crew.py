@@ -1,0 +1,62 @@
+"""Several worker loops over one runner: ``vramlab worker --concurrency N``.
+
+Each loop is an ordinary WorkerLoop (its own registration, claims, heartbeats and
+reports) in a thread; the runner they share runs up to N children at once, and each
+result says how many experiments shared its device (``environment.concurrent``).
+Signals reach all loops: a first SIGTERM (or Ctrl-C) stops claiming and lets running
+experiments finish; a second cancels them and gives their leases back.
+"""
+
+import logging
+import signal
+import threading
+from collections.abc import Sequence
+
+from workers.loop import WorkerLoop
+
+log = logging.getLogger("vramlab.worker")
+
+
+def install_signal_handlers(loops: Sequence[WorkerLoop]) -> None:
+    def handle(signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name
+        if all(loop.stopping.is_set() for loop in loops):
+            log.warning("second %s: cancelling the running experiments", name)
+            for loop in loops:
+                loop.aborting.set()
+        else:
+            log.info("%s: finishing the current experiments, then exiting", name)
+            for loop in loops:
+                loop.stopping.set()
+
+    signal.signal(signal.SIGTERM, handle)
+    signal.signal(signal.SIGINT, handle)
+
+
+def run_all(loops: Sequence[WorkerLoop]) -> int:
+    """Run every loop in its own thread until all have stopped; the experiments they ran."""
+    if len(loops) == 1:
+        return loops[0].run()
+    # The runner starts its forkserver and probes the host once, before the threads race.
+    loops[0].runner.start()
+    loops[0].runner.capabilities()
+    done = [0] * len(loops)
+
+    def work(i: int) -> None:
+        try:
+            done[i] = loops[i].run()
+        except Exception:
+            log.exception("worker loop %d failed; stopping the others", i)
+            for loop in loops:
+                loop.stopping.set()
+
+    threads = [
+        threading.Thread(target=work, args=(i,), name=f"vramlab-loop-{i}", daemon=True)
+        for i in range(len(loops))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(0.5)  # short waits: the main thread must stay free for signals
+    return sum(done)
