@@ -2,11 +2,12 @@
 processes on a temporary SQLite file, ready when a live worker has registered."""
 
 import os
+import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -17,8 +18,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @contextmanager
-def running_service(device: str, port: int = 8765) -> Iterator[httpx.Client]:
+def running_service(
+    device: str, port: int | None = None, worker_args: Sequence[str] = ()
+) -> Iterator[httpx.Client]:
     tmp = Path(tempfile.mkdtemp(prefix="vramlab-bench-"))
+    # A free port unless told: a fixed one may belong to another service on this host,
+    # which the benchmark would then measure instead.
+    port = port or _free_port()
     url = f"http://127.0.0.1:{port}"
     env = {
         **os.environ,
@@ -34,14 +40,18 @@ def running_service(device: str, port: int = 8765) -> Iterator[httpx.Client]:
         stderr=log,
     )
     worker = subprocess.Popen(
-        [*cli, "worker", "--api", url, "--device", device], env=env, stdout=log, stderr=log
+        [*cli, "worker", "--api", url, "--device", device, *worker_args],
+        env=env,
+        stdout=log,
+        stderr=log,
     )
     try:
         with httpx.Client(base_url=url, timeout=60) as client:
             deadline = time.monotonic() + 180
             while True:
                 try:
-                    if any(w["live"] for w in client.get("/v1/workers").json()):
+                    workers = client.get("/v1/workers").json()
+                    if sum(1 for w in workers if w["live"]) >= _loops(worker_args):
                         break
                 except httpx.TransportError:
                     pass
@@ -53,6 +63,17 @@ def running_service(device: str, port: int = 8765) -> Iterator[httpx.Client]:
         for proc in (worker, api):
             proc.terminate()
             proc.wait(timeout=60)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _loops(worker_args: Sequence[str]) -> int:
+    args = list(worker_args)
+    return int(args[args.index("--concurrency") + 1]) if "--concurrency" in args else 1
 
 
 def run_to_end(client: httpx.Client, spec: dict[str, Any], poll_s: float = 0.005) -> dict[str, Any]:

@@ -1,0 +1,113 @@
+"""Experiments a second through the real service: warm spare children and concurrency
+against the cold path, side by side in one run.
+
+    python bench/experiment_rate.py [--device cpu|cuda] [--concurrency 4] [--seq 20] [--burst 60]
+
+For each worker setting (cold path one at a time, warm spares one at a time, warm spares
+with N at once) it starts `vramlab serve` and `vramlab worker` on a temporary SQLite
+file, then times 20 sequential tiny `add` experiments (submit to `succeeded`: p50, p95)
+and a burst of 60 submitted at once (experiments a second, first submit to last
+finished). Prints a table and each figure's ratio against the cold path.
+"""
+
+import argparse
+import statistics
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+from service import run_to_end, running_service
+
+SPEC: dict[str, Any] = {
+    "op": "add",
+    "shape": [256, 256],
+    "dtype": "float32",
+    "warmup": 0,
+    "repeat": 1,
+    "trace": "events",
+}
+FINISHED = ("succeeded", "failed", "cancelled")
+
+
+def p95(xs: list[float]) -> float:
+    return sorted(xs)[max(0, round(0.95 * len(xs)) - 1)]
+
+
+def sequential(client: httpx.Client, spec: dict[str, Any], n: int) -> tuple[list[float], dict]:
+    out: list[float] = []
+    last: dict[str, Any] = {}
+    for i in range(n + 2):  # the first two start the spares' pages and the API: not counted
+        t0 = time.perf_counter()
+        last = run_to_end(client, spec)
+        if last["status"] != "succeeded":
+            raise RuntimeError(f"bench experiment {last['status']}: {last.get('error')}")
+        if i >= 2:
+            out.append(time.perf_counter() - t0)
+    return out, last
+
+
+def burst(client: httpx.Client, spec: dict[str, Any], n: int) -> float:
+    tag = f"burst-{uuid.uuid4().hex[:8]}"
+    body = {**spec, "tags": [tag]}
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(8) as pool:
+        for response in pool.map(lambda _: client.post("/v1/experiments", json=body), range(n)):
+            response.raise_for_status()
+    while True:
+        page = client.get(
+            "/v1/experiments", params={"tag": tag, "status": list(FINISHED), "limit": 200}
+        ).json()
+        items = page["items"]
+        if len(items) >= n:
+            elapsed = time.perf_counter() - t0
+            bad = [e["status"] for e in items if e["status"] != "succeeded"]
+            if bad:
+                raise RuntimeError(f"burst experiments ended {bad}")
+            return n / elapsed
+        time.sleep(0.01)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=20)
+    parser.add_argument("--burst", type=int, default=60)
+    args = parser.parse_args()
+    spec = {**SPEC, "device": args.device}
+    n = str(args.concurrency)
+    settings = [
+        ("cold path, 1 at a time", ["--cold"]),
+        ("warm spares, 1 at a time", []),
+        (f"cold path, {n} at once", ["--cold", "--concurrency", n]),
+        (f"warm spares, {n} at once", ["--concurrency", n]),
+    ]
+    rows = []
+    for label, worker_args in settings:
+        with running_service(args.device, worker_args=worker_args) as client:
+            times, last = sequential(client, spec, args.seq)
+            rate = burst(client, spec, args.burst)
+        env = (last.get("result") or {}).get("environment") or {}
+        rows.append((label, statistics.median(times), p95(times), rate, env.get("child_start")))
+        print(f"{label}: p50 {rows[-1][1]:.3f} s, {rate:.1f}/s", flush=True)
+    base = rows[0]
+    print(
+        f"\nop add 256x256 float32 on {args.device}: {args.seq} sequential "
+        f"(submit to succeeded), then a burst of {args.burst}"
+    )
+    head = f"{'worker':<28} {'p50 s':>7} {'p95 s':>7} {'burst/s':>8} {'p50 x':>7} {'rate x':>7}"
+    print(head + "  child")
+    for label, p50, p95_, rate, start in rows:
+        print(
+            f"{label:<28} {p50:7.3f} {p95_:7.3f} {rate:8.1f} {base[1] / p50:7.2f} "
+            f"{rate / base[3]:7.2f}  {start}"
+        )
+    print("(x: the cold path's p50 over this p50, and this rate over the cold path's)")
+
+
+if __name__ == "__main__":
+    main()
