@@ -1,12 +1,18 @@
 """Where a clean child's time goes: cProfile over one experiment in a forked child.
 
     python bench/child_profile.py [--device cpu|cuda:0] [--op add] [--n 5] [--top 25]
+    python bench/child_profile.py --runner [--device cuda:0] [--n 10]
 
 Imports torch and workers.child once (as the forkserver does, never touching CUDA), then
 forks N children; each starts its device, runs a tiny experiment through
 ``workers.child.run_experiment`` under cProfile, and writes its stats. Prints the
 stages' medians (the same stages the runner reports) and the functions with the most
 cumulative time over all N children.
+
+With ``--runner`` it times N experiments through ``workers.runner.Runner`` instead, cold
+children and warm spares side by side, and prints each stage's median (``runner_launch``:
+taking a spare or forking a child; ``handoff``: until the child had the spec; then the
+child's stages; ``runner_wait``: launch to result, the child's whole time).
 """
 
 import argparse
@@ -38,6 +44,7 @@ def spec_for(op: str, device: str) -> dict[str, object]:
         "warmup": 0,
         "repeat": 1,
         "allocator": {},
+        "timeout_s": 120.0,
         "trace": "events",
         "prediction": plan.prediction(device),
     }
@@ -61,14 +68,51 @@ def one_child(spec: dict[str, object], out: Path) -> None:
     out.with_suffix(".stages").write_text(repr(stages.times))
 
 
+def through_runner(spec: dict[str, object], n: int) -> None:
+    from workers.runner import Runner
+
+    columns: dict[str, dict[str, float]] = {}
+    totals: dict[str, float] = {}
+    for label, warm in (("cold", False), ("warm", True)):
+        runner = Runner(warm=warm)
+        runner.start()
+        runner.capabilities()
+        stages: dict[str, list[float]] = {}
+        walls = []
+        for _ in range(n + 1):
+            time.sleep(0.5)  # as between a user's experiments: the spare is ready
+            started = time.perf_counter()
+            outcome = runner.run(spec)
+            walls.append(time.perf_counter() - started)
+            assert outcome.status == "succeeded", outcome.error
+            if outcome.trace_path is not None:
+                outcome.trace_path.unlink()
+            for k, v in outcome.stages.items():
+                stages.setdefault(k, []).append(v)
+        runner.close()
+        columns[label] = {k: statistics.median(v[1:]) for k, v in stages.items()}
+        totals[label] = statistics.median(walls[1:])
+    print(f"\n{spec['op']} 256x256 float32 on {spec['device']} through the runner, n={n}")
+    print(f"{'stage':<16} {'cold ms':>8} {'warm ms':>8}")
+    for key in dict.fromkeys([*columns["cold"], *columns["warm"]]):
+        cells = [columns[c].get(key) for c in ("cold", "warm")]
+        text = [f"{v * 1000:8.1f}" if v is not None else " " * 8 for v in cells]
+        print(f"{key:<16} " + " ".join(text))
+    print(f"{'runner.run':<16} {totals['cold'] * 1000:8.1f} {totals['warm'] * 1000:8.1f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--op", default="add")
     parser.add_argument("--n", type=int, default=5)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--runner", action="store_true")
     args = parser.parse_args()
     spec = spec_for(args.op, args.device)
+    if args.runner:
+        through_runner(spec, args.n)
+        return
     folder = Path(tempfile.mkdtemp(prefix="vramlab-profile-"))
     walls = []
     for i in range(args.n):

@@ -140,6 +140,12 @@ def main(
                 {"traceback": traceback.format_exc()},
             ),
         }
+    if torch.cuda.is_initialized():
+        # The experiment's tensors are gone with run_experiment's frame: give their memory
+        # back to the driver now, so that the next experiment need not wait for this
+        # process to exit.
+        gc.collect()
+        torch.cuda.empty_cache()
     stages.mark("report")
     payload["stages"] = stages.times
     conn.send_bytes(json.dumps(payload, default=str).encode())

@@ -83,12 +83,14 @@ class Meter:
     def read(self) -> Reading:
         reading = Reading(host_rss=self._process.memory_info().rss)
         if self.is_cuda:
-            stats = torch.cuda.memory_stats(self.device)
+            # The nested form: memory_stats() flattens it key by key in Python, about
+            # half a millisecond a reading.
+            stats = torch.cuda.memory_stats_as_nested_dict(self.device)
             free, total = torch.cuda.mem_get_info(self.device)
-            reading.allocated = int(stats.get("allocated_bytes.all.current", 0))
-            reading.reserved = int(stats.get("reserved_bytes.all.current", 0))
-            reading.active = int(stats.get("active_bytes.all.current", 0))
-            reading.inactive_split = int(stats.get("inactive_split_bytes.all.current", 0))
+            reading.allocated = _current(stats, "allocated_bytes")
+            reading.reserved = _current(stats, "reserved_bytes")
+            reading.active = _current(stats, "active_bytes")
+            reading.inactive_split = _current(stats, "inactive_split_bytes")
             reading.alloc_retries = int(stats.get("num_alloc_retries", 0))
             reading.ooms = int(stats.get("num_ooms", 0))
             # Device-level: sees the CUDA context and other processes, not only ours.
@@ -139,6 +141,10 @@ class Meter:
             record.reserved_peak = max(
                 int(torch.cuda.max_memory_reserved(self.device)), carried_reserved
             )
+
+
+def _current(stats: dict[str, Any], name: str) -> int:
+    return int(stats.get(name, {}).get("all", {}).get("current", 0))
 
 
 def fill_from_events(phases: list[PhaseRecord], events: list[Event], device: str) -> None:

@@ -132,6 +132,7 @@ class Runner:
         self._lock = threading.RLock()
         self._spares: dict[str, list[_Child]] = {}
         self._exiting: list[ForkServerProcess | SpawnProcess] = []
+        self._filling: dict[str, threading.Thread] = {}  # the latest fill per device
         # Per device, one counter per running experiment: the most that ran at once.
         self._running: dict[str, list[list[int]]] = {}
 
@@ -207,15 +208,19 @@ class Runner:
             trace_path = folder / f"vramlab-trace-{uuid.uuid4().hex}.ndjson.gz"
         timeout = float(spec.get("timeout_s") or DEFAULT_TIMEOUT_S)
         settings = spec.get("allocator") or {}
-        # Children of earlier experiments have exited: their memory is back.
-        self._settle()
         with self._sharing(device) as shared:
             args = (spec, str(trace_path) if trace_path else None, time.time_ns())
+            began = time.perf_counter()
             child, start = self._child_for(device, settings, args)
             pid = child.proc.pid
+            launched = time.perf_counter()
             payload, ended, code = self._wait(child, timeout, should_cancel)
+        if self.warm and device == "cpu":
+            self._fill_soon(device)
         outcome = self._outcome(payload, ended, code, trace_path, timeout)
         outcome.pid = pid
+        outcome.stages["runner_launch"] = launched - began
+        outcome.stages["runner_wait"] = time.perf_counter() - launched
         if outcome.result is not None:
             environment = outcome.result.setdefault("environment", {})
             environment["concurrent"] = shared[0]
@@ -265,11 +270,24 @@ class Runner:
                 self._discard(spare)
                 spare = None
         child = spare or self._spawn("experiment", (*args, handed_at))
-        if self.warm:
-            self._fill(device)  # the next experiment's spare starts while this one runs
+        if self.warm and device != "cpu":
+            # The next experiment's spare starts its CUDA context (a quarter of a second)
+            # while this one runs, in a thread: forking takes tens of milliseconds too.
+            # A CPU spare starts after the result instead (run()), so that its start-up
+            # does not compete for the CPU with an experiment timed on the wall clock.
+            self._fill_soon(device)
         return child, "warm_spare" if spare is not None else "forked"
 
+    def _fill_soon(self, device: str) -> None:
+        thread = threading.Thread(target=self._fill, args=(device,), daemon=True)
+        with self._lock:
+            self._filling[device] = thread
+        thread.start()
+
     def _take_spare(self, device: str) -> _Child | None:
+        filling = self._filling.get(device)
+        if filling is not None and not self._spares.get(device):
+            filling.join()  # a spare being forked now is still sooner than a new fork
         with self._lock:
             pool = self._spares.get(device, [])
             while pool:
@@ -295,19 +313,20 @@ class Runner:
         child.conn.close()
         if child.proc.is_alive():
             child.proc.kill()
-        self._exiting.append(child.proc)
+        _reap(child.proc)
 
     def _settle(self) -> None:
         """Reap children that have sent their results; kill any that will not exit."""
         with self._lock:
             exiting, self._exiting = self._exiting, []
         for proc in exiting:
-            proc.join(EXIT_GRACE_S)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(EXIT_GRACE_S)
-            with contextlib.suppress(ValueError):
-                proc.close()
+            _reap(proc)
+
+    def _retire(self, proc: ForkServerProcess | SpawnProcess) -> None:
+        """A child that sent its result exits by itself (for CUDA, a context teardown of
+        tens of milliseconds): reap it in the background, off every experiment's clock.
+        Its tensors went back to the driver before it answered (workers/child.py)."""
+        threading.Thread(target=_reap, args=(proc,), name="vramlab-reap", daemon=True).start()
 
     @contextlib.contextmanager
     def _sharing(self, device: str) -> Iterator[list[int]]:
@@ -374,12 +393,12 @@ class Runner:
                     return None, "timeout", None
         finally:
             conn.close()
-            if not finished and proc.is_alive():
-                proc.kill()
-            with self._lock:
-                self._exiting.append(proc)
-            if not finished:
-                self._settle()
+            if finished:
+                self._retire(proc)
+            else:
+                if proc.is_alive():
+                    proc.kill()
+                _reap(proc)
 
     def _outcome(
         self,
@@ -453,6 +472,15 @@ class Runner:
             self.start()
         assert self._ctx is not None
         return self._ctx
+
+
+def _reap(proc: ForkServerProcess | SpawnProcess) -> None:
+    proc.join(EXIT_GRACE_S)
+    if proc.is_alive():
+        proc.kill()
+        proc.join(EXIT_GRACE_S)
+    with contextlib.suppress(ValueError):
+        proc.close()
 
 
 def _preload() -> list[str]:

@@ -1,6 +1,7 @@
 """Warm spare children and concurrent experiments, through the runner's public interface."""
 
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,11 @@ def test_each_experiment_gets_a_spare_of_its_own(runner: Runner, make_spec: Spec
 
 def test_a_dead_spare_falls_back_to_a_forked_child(runner: Runner, make_spec: SpecFactory) -> None:
     spec = make_spec("add", [8], trace="none")
-    succeeded(runner.run(spec))  # leaves a spare for the CPU
+    succeeded(runner.run(spec))  # leaves a spare for the CPU, forked in the background
+    deadline = time.monotonic() + 120  # a bound on a hang, not a timing threshold
+    while not runner.spares("cpu"):
+        assert time.monotonic() < deadline, "no spare was forked"
+        time.sleep(0.05)
     for spare in runner.spares("cpu"):
         spare.kill()
         spare.join(10)
