@@ -103,3 +103,58 @@ def matches(event: dict[str, Any], actions: set[str] | None, min_size: int) -> b
     if actions and event.get("action") not in actions:
         return False
     return int(event.get("size") or 0) >= min_size
+
+
+def _chunk_seqs(session: Session, experiment_id: str) -> list[int]:
+    return list(
+        session.scalars(
+            select(TraceChunk.seq)
+            .where(TraceChunk.experiment_id == experiment_id)
+            .order_by(TraceChunk.seq)
+        )
+    )
+
+
+def _chunk_data(session: Session, experiment_id: str, seq: int) -> bytes:
+    data = session.scalar(
+        select(TraceChunk.data).where(
+            TraceChunk.experiment_id == experiment_id, TraceChunk.seq == seq
+        )
+    )
+    assert data is not None
+    return bytes(data)
+
+
+def iter_ndjson(session: Session, experiment_id: str, piece: int = 2**20) -> Iterator[bytes]:
+    """The stored NDJSON itself, decompressed in pieces of at most ``piece`` bytes: no
+    event is parsed or encoded again, and one chunk at a time is held."""
+    for seq in _chunk_seqs(session, experiment_id):
+        decoder = zlib.decompressobj(wbits=31)
+        data = _chunk_data(session, experiment_id, seq)
+        while data:
+            out = decoder.decompress(data, piece)
+            data = decoder.unconsumed_tail
+            if out:
+                yield out
+        if rest := decoder.flush():
+            yield rest
+
+
+def chunk_lines(session: Session, experiment_id: str) -> Iterator[list[bytes]]:
+    """Each stored chunk's lines (one event each, as stored), one chunk at a time."""
+    for seq in _chunk_seqs(session, experiment_id):
+        text = gzip.decompress(_chunk_data(session, experiment_id, seq))
+        yield [line for line in text.split(b"\n") if line.strip()]
+
+
+def parse_lines(lines: list[bytes]) -> list[dict[str, Any]]:
+    """Stored lines as events, in one call: each line is one JSON object (checked when it
+    was stored), so the lines joined by commas are one JSON array."""
+    events: list[dict[str, Any]] = json.loads(b"[" + b",".join(lines) + b"]")
+    return events
+
+
+def iter_event_batches(session: Session, experiment_id: str) -> Iterator[list[dict[str, Any]]]:
+    """Each stored chunk's events, parsed in one call per chunk rather than one per event."""
+    for lines in chunk_lines(session, experiment_id):
+        yield parse_lines(lines)

@@ -2,7 +2,6 @@
 PyTorch's memory viewer (``memory_viz``) or Perfetto (``chrome``)."""
 
 import itertools
-import json
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
@@ -100,17 +99,28 @@ EXPORTS = {
 
 def _export(db: Database, experiment_id: str, device: str, format: str) -> Iterator[bytes]:
     with db.session(write=False) as s:
-        events = traces.iter_events(s, experiment_id)
+        batches = traces.iter_event_batches(s, experiment_id)
         if format == "memory_viz":
-            yield from exports.memory_viz(events, device)
+            yield from exports.memory_viz_batches(batches, device)
         else:
-            yield from exports.chrome(events, experiment_id, device)
+            yield from exports.chrome_batches(batches, experiment_id, device)
 
 
 def _stream(
     db: Database, experiment_id: str, actions: set[str] | None, min_size: int
 ) -> Iterator[bytes]:
+    """The stored lines as they are: whole chunks when nothing is filtered, else the
+    lines whose event matches."""
     with db.session(write=False) as s:
-        for event in traces.iter_events(s, experiment_id):
-            if traces.matches(event, actions, min_size):
-                yield json.dumps(event, separators=(",", ":")).encode() + b"\n"
+        if actions is None and min_size == 0:
+            yield from traces.iter_ndjson(s, experiment_id)
+            return
+        for lines in traces.chunk_lines(s, experiment_id):
+            events = traces.parse_lines(lines)
+            kept = [
+                line
+                for line, event in zip(lines, events, strict=True)
+                if traces.matches(event, actions, min_size)
+            ]
+            if kept:
+                yield b"\n".join(kept) + b"\n"
