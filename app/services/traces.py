@@ -154,7 +154,11 @@ def parse_lines(lines: list[bytes]) -> list[dict[str, Any]]:
     return events
 
 
-def iter_event_batches(session: Session, experiment_id: str) -> Iterator[list[dict[str, Any]]]:
-    """Each stored chunk's events, parsed in one call per chunk rather than one per event."""
+def iter_event_batches(
+    session: Session, experiment_id: str, size: int = 5000
+) -> Iterator[list[dict[str, Any]]]:
+    """The events in batches of at most ``size``, parsed in one call a batch rather than
+    one an event; a chunk's parsed events are never all held at once."""
     for lines in chunk_lines(session, experiment_id):
-        yield parse_lines(lines)
+        for start in range(0, len(lines), size):
+            yield parse_lines(lines[start : start + size])

@@ -1,0 +1,217 @@
+"""Trace exports through the real API: a synthetic 1M-event trace uploaded over the
+worker protocol (PUT trace chunks, as a worker does), then read back in every format.
+
+    python bench/trace_export.py [--events 1000000] [--chunk 50000]
+
+Starts `vramlab serve` on a temporary SQLite file, registers as a worker, claims one
+experiment and uploads the trace in gzip NDJSON chunks, then streams `ndjson`,
+`memory_viz` and `chrome` exports. Prints, per format, the bytes, the time, MB/s of the
+export, MB/s of the trace (its NDJSON size over the time) and the API process's resident
+memory at its highest during the export against before it.
+"""
+
+import argparse
+import gzip
+import itertools
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+from service import ROOT, _free_port
+
+CAPS = {
+    "device_types": ["cpu", "cuda"],
+    "gpus": [{"index": 0, "name": "bench GPU", "total_memory": 80 * 2**30}],
+    "torch": "bench",
+}
+SPEC = {"op": "add", "shape": [1000, 1000], "dtype": "float32", "device": "cuda"}
+MEMORY_KEYS = [
+    "allocated_before",
+    "allocated_after",
+    "allocated_peak",
+    "reserved_before",
+    "reserved_after",
+    "reserved_peak",
+    "delta_allocated",
+    "host_rss_before",
+    "host_rss_after",
+]
+
+
+def synthetic(n: int, seed: int = 0) -> Iterator[dict[str, Any]]:
+    """A CUDA-like trace: segments, allocations of common sizes, frees in random order."""
+    rnd = random.Random(seed)
+    live: list[tuple[int, int]] = []
+    addr, t, seq = 0x7F0000000000, 0.0, 0
+    while seq < n:
+        phase = ("setup", "op", "after")[min(2, seq * 3 // n)]
+        r = rnd.random()
+        rows: list[tuple[str, int, int]]
+        if r < 0.02:
+            size = 2**21 * rnd.randint(1, 10)
+            rows = [("segment_alloc", addr, size)]
+            addr += size + 4096
+        elif r < 0.55 or not live:
+            size = rnd.choice([512, 1024, 4096, 65536, 2**20, 4_000_000])
+            live.append((addr, size))
+            rows = [("alloc", addr, size)]
+            addr += size + 512
+        else:
+            block, size = live.pop(rnd.randrange(len(live)))
+            rows = [("free_requested", block, size), ("free_completed", block, size)]
+        for action, where, size in rows:
+            if seq >= n:
+                break
+            t += rnd.random() * 3
+            yield {
+                "seq": seq,
+                "t_us": round(t, 3),
+                "action": action,
+                "addr": where,
+                "size": size,
+                "device": "cuda:0",
+                "stream": 0,
+                "phase": phase,
+            }
+            seq += 1
+
+
+class PeakRss:
+    """The highest resident memory of a process while inside, sampled every 20 ms."""
+
+    def __init__(self, pid: int) -> None:
+        self.proc = psutil.Process(pid)
+        self.peak = 0
+        self._stop = threading.Event()
+
+    def __enter__(self) -> "PeakRss":
+        self.before = self.proc.memory_info().rss
+        self.peak = self.before
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, self.proc.memory_info().rss)
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--chunk", type=int, default=50_000)
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="vramlab-bench-"))
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = {
+        **os.environ,
+        "VRAMLAB_DATABASE_URL": f"sqlite:///{tmp / 'bench.db'}",
+        "VRAMLAB_LEASE_SECONDS": "3600",
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
+    log = (tmp / "api.log").open("wb")
+    api = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--log-level", "warning"],
+        env=env,
+        stdout=log,
+        stderr=log,
+    )
+    try:
+        with httpx.Client(base_url=url, timeout=600) as client:
+            deadline = time.monotonic() + 120
+            while True:
+                try:
+                    if client.get("/readyz").status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline or api.poll() is not None:
+                    raise RuntimeError(f"the API did not start; see {tmp / 'api.log'}")
+                time.sleep(0.2)
+            run(client, api.pid, args.events, args.chunk)
+    finally:
+        api.terminate()
+        api.wait(timeout=60)
+
+
+def run(client: httpx.Client, api_pid: int, n_events: int, chunk: int) -> None:
+    client.post("/v1/experiments", json=SPEC).raise_for_status()
+    reply = client.post(
+        "/v1/worker/register", json={"name": "bench", "hostname": "bench", "capabilities": CAPS}
+    )
+    reply.raise_for_status()
+    claimed = client.post(
+        "/v1/worker/claim", json={"worker_id": reply.json()["worker_id"], "wait_s": 5}
+    ).json()
+    exp_id, token = claimed["id"], claimed["lease_token"]
+    events = synthetic(n_events)
+    ndjson_bytes, upload_s, seq = 0, 0.0, 0
+    while True:
+        lines = [
+            json.dumps(e, separators=(",", ":")).encode() for e in itertools.islice(events, chunk)
+        ]
+        if not lines:
+            break
+        text = b"\n".join(lines) + b"\n"
+        ndjson_bytes += len(text)
+        body = gzip.compress(text, compresslevel=6)
+        started = time.perf_counter()
+        response = client.put(
+            f"/v1/worker/experiments/{exp_id}/trace/{seq}",
+            content=body,
+            headers={"X-Lease-Token": token, "Content-Type": "application/gzip"},
+        )
+        upload_s += time.perf_counter() - started
+        response.raise_for_status()
+        seq += 1
+    result = {"memory": dict.fromkeys(MEMORY_KEYS, 0)}
+    client.post(
+        f"/v1/worker/experiments/{exp_id}/result",
+        json={
+            "lease_token": token,
+            "status": "succeeded",
+            "result": result,
+            "trace_events": n_events,
+        },
+    ).raise_for_status()
+    print(
+        f"\ntrace: {n_events:,} events, {ndjson_bytes / 1e6:.1f} MB of NDJSON in {seq} chunks; "
+        f"uploaded in {upload_s:.1f} s of API time ({ndjson_bytes / 1e6 / upload_s:.1f} MB/s)"
+    )
+    print(f"{'format':<11} {'MB':>8} {'s':>7} {'MB/s':>7} {'trace MB/s':>11} {'API RSS MB':>16}")
+    for fmt in ("ndjson", "memory_viz", "chrome"):
+        size = 0
+        with PeakRss(api_pid) as rss:
+            started = time.perf_counter()
+            with client.stream(
+                "GET", f"/v1/experiments/{exp_id}/trace", params={"format": fmt}
+            ) as response:
+                response.raise_for_status()
+                for piece in response.iter_raw():
+                    size += len(piece)
+            elapsed = time.perf_counter() - started
+        print(
+            f"{fmt:<11} {size / 1e6:8.1f} {elapsed:7.2f} {size / 1e6 / elapsed:7.1f} "
+            f"{ndjson_bytes / 1e6 / elapsed:11.1f} {rss.before / 1e6:7.0f} -> {rss.peak / 1e6:5.0f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
