@@ -15,6 +15,7 @@ import statistics
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -35,17 +36,34 @@ def p95(xs: list[float]) -> float:
     return sorted(xs)[max(0, round(0.95 * len(xs)) - 1)]
 
 
-def sequential(client: httpx.Client, spec: dict[str, Any], n: int) -> tuple[list[float], dict]:
+def _at(stamp: str) -> float:
+    moment = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+def sequential(
+    client: httpx.Client, spec: dict[str, Any], n: int
+) -> tuple[list[float], dict[str, Any], dict[str, float]]:
+    """Latencies, the last experiment, and the medians of where the time went: queued
+    (submit to claim), claimed to finished (the worker: child, upload, report) and
+    finished to seen (the client's polling), from the API's own timestamps."""
     out: list[float] = []
     last: dict[str, Any] = {}
+    parts: dict[str, list[float]] = {"queued": [], "worker": [], "seen": []}
     for i in range(n + 2):  # the first two start the spares' pages and the API: not counted
         t0 = time.perf_counter()
         last = run_to_end(client, spec)
+        seen = time.time()
         if last["status"] != "succeeded":
             raise RuntimeError(f"bench experiment {last['status']}: {last.get('error')}")
         if i >= 2:
             out.append(time.perf_counter() - t0)
-    return out, last
+            created, started = _at(last["created_at"]), _at(last["started_at"])
+            finished = _at(last["finished_at"])
+            parts["queued"].append(started - created)
+            parts["worker"].append(finished - started)
+            parts["seen"].append(seen - finished)
+    return out, last, {k: statistics.median(v) for k, v in parts.items()}
 
 
 def burst(client: httpx.Client, spec: dict[str, Any], n: int) -> float:
@@ -89,11 +107,12 @@ def main() -> None:
     rows = []
     for label, worker_args in settings:
         with running_service(args.device, worker_args=worker_args) as client:
-            times, last = sequential(client, spec, args.seq)
+            times, last, parts = sequential(client, spec, args.seq)
             rate = burst(client, spec, args.burst)
         env = (last.get("result") or {}).get("environment") or {}
         rows.append((label, statistics.median(times), p95(times), rate, env.get("child_start")))
-        print(f"{label}: p50 {rows[-1][1]:.3f} s, {rate:.1f}/s", flush=True)
+        where = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in parts.items())
+        print(f"{label}: p50 {rows[-1][1]:.3f} s ({where}), {rate:.1f}/s", flush=True)
     base = rows[0]
     print(
         f"\nop add 256x256 float32 on {args.device}: {args.seq} sequential "
