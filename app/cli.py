@@ -50,7 +50,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from workers.runner import Runner
 
     token = args.token or os.environ.get("VRAMLAB_WORKER_TOKEN")
-    runner = Runner(device=args.device, warm=not args.cold, concurrency=args.concurrency)
+    runner = Runner(
+        device=args.device, warm=not args.cold, concurrency=args.concurrency, spares=args.spares
+    )
     clients = [ApiClient(args.api, token=token) for _ in range(args.concurrency)]
     name = args.name or socket.gethostname()
     loops = [
@@ -171,6 +173,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=range(1, 65),
         metavar="N",
         help="experiments run at once on this host's device (default 1)",
+    )
+    p.add_argument(
+        "--spares",
+        type=int,
+        default=None,
+        choices=range(1, 65),
+        metavar="K",
+        help="warm spare children kept ready per device (default: the concurrency)",
     )
     p.add_argument(
         "--cold",

@@ -3,11 +3,12 @@ against the cold path, side by side in one run.
 
     python bench/experiment_rate.py [--device cpu|cuda] [--concurrency 4] [--seq 20] [--burst 60]
 
-For each worker setting (cold path one at a time, warm spares one at a time, warm spares
-with N at once) it starts `vramlab serve` and `vramlab worker` on a temporary SQLite
-file, then times 20 sequential tiny `add` experiments (submit to `succeeded`: p50, p95)
-and a burst of 60 submitted at once (experiments a second, first submit to last
-finished). Prints a table and each figure's ratio against the cold path.
+For each worker setting (cold path one at a time; warm spares one at a time, with one
+spare or two; cold and warm with N at once) it starts `vramlab serve` and `vramlab
+worker` on a temporary SQLite file, then times 20 sequential tiny `add` experiments
+(submit to `succeeded`: p50, p95) and a burst of 60 submitted at once (experiments a
+second, first submit to last finished). Prints a table and each figure's ratio against
+the cold path.
 """
 
 import argparse
@@ -101,6 +102,7 @@ def main() -> None:
     settings = [
         ("cold path, 1 at a time", ["--cold"]),
         ("warm spares, 1 at a time", []),
+        ("2 warm spares, 1 at a time", ["--spares", "2"]),
         (f"cold path, {n} at once", ["--cold", "--concurrency", n]),
         (f"warm spares, {n} at once", ["--concurrency", n]),
     ]

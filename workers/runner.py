@@ -115,15 +115,28 @@ def _child_entry(kind: str, conn: Connection, args: tuple[Any, ...]) -> None:
 class Runner:
     """Runs experiments in clean children; thread-safe, up to ``concurrency`` at once.
 
-    ``warm`` keeps spares (``concurrency`` of them per device) ready; without it every
-    experiment takes the cold path, as before spares existed.
+    ``warm`` keeps ``spares`` ready per device (default: ``concurrency``); without it
+    every experiment takes the cold path, as before spares existed. A spare's CUDA
+    context takes about a quarter of a second to make: with experiments back to back, one
+    spare is not ready again by the next claim, and a second one (``spares=2``, another
+    idle context on the GPU) covers that gap.
     """
 
-    def __init__(self, device: str = "auto", *, warm: bool = True, concurrency: int = 1) -> None:
+    def __init__(
+        self,
+        device: str = "auto",
+        *,
+        warm: bool = True,
+        concurrency: int = 1,
+        spares: int | None = None,
+    ) -> None:
         if device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', not {device!r}")
         if concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
+        if spares is not None and spares < 1:
+            raise ValueError(f"spares must be at least 1, not {spares}")
+        self.spare_count = spares or concurrency
         self.device = device
         self.warm = warm
         self.concurrency = concurrency
@@ -302,7 +315,7 @@ class Runner:
             if self._ctx is None:
                 return
             pool = self._spares.setdefault(device, [])
-            while len(pool) < self.concurrency:
+            while len(pool) < self.spare_count:
                 try:
                     pool.append(self._spawn("spare", (device,)))
                 except RuntimeError as exc:  # the experiments still run, on the cold path

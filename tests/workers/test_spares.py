@@ -111,3 +111,20 @@ def test_concurrent_experiments_say_how_many_shared_the_device(
         runner.close()
     assert result["environment"]["concurrent"] == 2
     assert [o.status for o in outcomes] == ["cancelled"]
+
+
+def test_a_runner_keeps_as_many_spares_as_asked(make_spec: SpecFactory) -> None:
+    runner = Runner(spares=2)
+    runner.start()
+    try:
+        runner.capabilities()
+        assert len(runner.spares("cpu")) == 2
+        outcome = runner.run(make_spec("add", [8], trace="none"))
+        assert succeeded(outcome)["environment"]["child_start"] == "warm_spare"
+        deadline = time.monotonic() + 120  # a bound on a hang, not a timing threshold
+        while len(runner.spares("cpu")) < 2:
+            assert time.monotonic() < deadline, "the spare was not replaced"
+            time.sleep(0.05)
+        assert outcome.pid not in {p.pid for p in runner.spares("cpu")}
+    finally:
+        runner.close()
