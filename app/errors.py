@@ -12,8 +12,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from sqlalchemy.exc import InterfaceError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.core.db import Busy
 from app.schemas.error import ErrorResponse
 
 log = logging.getLogger(__name__)
@@ -159,6 +161,17 @@ async def _database_down(_: Request, exc: Exception) -> JSONResponse:
     )
 
 
+async def _saturated(_: Request, exc: Exception) -> JSONResponse:
+    # Overload, not a fault: every connection or the write slot stayed taken for the
+    # bounded wait. Answered at once so that clients back off instead of piling up.
+    retry_after = exc.retry_after if isinstance(exc, Busy) else 1
+    return JSONResponse(
+        _body("unavailable", f"the service is saturated; try again shortly ({exc})"),
+        status_code=503,
+        headers={"Retry-After": str(retry_after)},
+    )
+
+
 async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error", exc_info=exc)
     return JSONResponse(_body("internal", "internal error (a bug in vramlab)"), status_code=500)
@@ -172,6 +185,8 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(UnicodeEncodeError, _bad_text)
     app.add_exception_handler(OperationalError, _database_down)
     app.add_exception_handler(InterfaceError, _database_down)
+    app.add_exception_handler(Busy, _saturated)
+    app.add_exception_handler(PoolTimeout, _saturated)
     app.add_exception_handler(Exception, _unexpected)
 
 
@@ -186,6 +201,6 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (413, "the request body is over the size limit"),
         (422, "the input is invalid: details name each field and what is allowed"),
         (429, "too many queued experiments for this token; see Retry-After"),
-        (503, "the database is not answering; see Retry-After"),
+        (503, "the database is not answering or the service is saturated; see Retry-After"),
     )
 }

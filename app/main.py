@@ -79,7 +79,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         responses=errors.ERROR_RESPONSES,
     )
     app.state.settings = settings
-    app.state.db = Database(settings.database_url)
+    pool_size, max_overflow = settings.pool
+    app.state.db = Database(
+        settings.database_url,
+        pool_size=pool_size,
+        max_overflow=max_overflow,
+        wait_seconds=settings.db_wait_seconds,
+    )
     app.state.signal = WorkSignal()
     # Signs the web pages' sessions; a random key ends every session when the API restarts.
     app.state.session_key = (

@@ -1,13 +1,20 @@
 """Typed dependencies: the request's session (committed before the response is sent),
-settings, the work signal, and look-ups that 404."""
+the caller (looked up in that same session), settings, the work signal, and look-ups
+that 404.
 
-from collections.abc import Iterator
+A request holds at most one database connection at a time: the caller's look-up shares
+the request's session, and the few handlers that wait (long-polling claims, snapshot
+imports) resolve the caller in a short session of its own and open theirs only after it
+is closed."""
+
+from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import Depends, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from app.api import origins
 from app.core.config import Settings
@@ -20,30 +27,48 @@ from app.services.signals import WorkSignal
 
 READ_METHODS = ("GET", "HEAD", "OPTIONS")
 SESSION_COOKIE = "vramlab_session"
+# Dependencies that do no I/O are ``async def``: FastAPI runs them on the event loop,
+# where a plain ``def`` would cost a hop to the thread pool each (a real share of a
+# submit's time on a busy machine). Those that touch the database stay ``def``.
 
 
-def get_db(request: Request) -> Database:
+async def get_db(request: Request) -> Database:
     db: Database = request.app.state.db
     return db
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_signal(request: Request) -> WorkSignal:
+async def get_signal(request: Request) -> WorkSignal:
     signal: WorkSignal = request.app.state.signal
     return signal
 
 
-def session(request: Request, db: Annotated[Database, Depends(get_db)]) -> Iterator[Session]:
-    """One unit of work per request: commit at the end, roll back on any error."""
-    with db.session(write=request.method not in READ_METHODS) as s:
+async def session(
+    request: Request, db: Annotated[Database, Depends(get_db)]
+) -> AsyncIterator[Session]:
+    """One unit of work per request: commit at the end, roll back on any error.
+
+    The session touches the database on first use (in the caller's look-up or the
+    handler, both in the thread pool); committing is one more trip there, and none is
+    needed for a session that was never used.
+    """
+    s = db.open(write=request.method not in READ_METHODS)
+    try:
         yield s
+    except BaseException:
+        await run_in_threadpool(db.close, s, ok=False)
+        raise
+    if s.in_transaction() or s.new or s.dirty or s.deleted:
+        await run_in_threadpool(db.close, s, ok=True)
+    else:
+        s.close()
 
 
-def now() -> datetime:
+async def now() -> datetime:
     return utcnow()
 
 
@@ -67,36 +92,31 @@ def check_same_site(request: Request, settings: Settings, *, required: bool) -> 
         )
 
 
-def principal(
+def _resolve(
     request: Request,
-    db: Annotated[Database, Depends(get_db)],
-    settings: Annotated[Settings, Depends(get_settings)],
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+    s: Session,
+    settings: Settings,
+    credentials: HTTPAuthorizationCredentials | None,
 ) -> auth.Principal:
-    """The caller. A token that is given must be valid even where auth is off.
-
-    Its own short read session: a long-polling claim must not hold the request's
-    (write) session while it waits.
-    """
+    """The caller. A token that is given must be valid even where auth is off."""
     changes = request.method not in READ_METHODS
     # The header, else the web pages' sign-in cookie (a page load cannot send a header).
     cookie = None if credentials is not None else request.cookies.get(SESSION_COOKIE)
-    with db.session(write=False) as s:
-        if credentials is not None:
-            found = auth.authenticate(s, settings, credentials.credentials)
-            if found is None:
-                raise Unauthorized("the bearer token is unknown or revoked")
+    if credentials is not None:
+        found = auth.authenticate(s, settings, credentials.credentials)
+        if found is None:
+            raise Unauthorized("the bearer token is unknown or revoked")
+        return found
+    required = auth.auth_required(s, settings)
+    if cookie:
+        key: bytes = request.app.state.session_key
+        found = sessions.principal(s, key, cookie, utcnow())
+        if found is not None:
+            if changes:
+                check_same_site(request, settings, required=True)
             return found
-        required = auth.auth_required(s, settings)
-        if cookie:
-            key: bytes = request.app.state.session_key
-            found = sessions.principal(s, key, cookie, utcnow())
-            if found is not None:
-                if changes:
-                    check_same_site(request, settings, required=True)
-                return found
-            if required:
-                raise Unauthorized("the sign-in has expired or its token was revoked")
+        if required:
+            raise Unauthorized("the sign-in has expired or its token was revoked")
     if required:
         raise Unauthorized(
             "this API needs a token: `Authorization: Bearer <token>` (`vramlab token create`)",
@@ -112,16 +132,66 @@ def principal(
     return auth.OPEN
 
 
+def principal(
+    request: Request,
+    s: SessionDep,
+    db: Annotated[Database, Depends(get_db)],
+    settings: Annotated[Settings, Depends(get_settings)],
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> auth.Principal:
+    """The caller, looked up in the request's own session: one connection a request.
+
+    On SQLite a write request's session holds the process's write slot from its first
+    statement to its commit; the caller is looked up first, in a short read session that
+    is closed before the handler opens the request's, so that the slot is not held
+    across this extra trip to the thread pool. Still one connection at a time.
+    """
+    if request.method not in READ_METHODS and db.is_sqlite:
+        with db.session(write=False) as read:
+            return _resolve(request, read, settings, credentials)
+    return _resolve(request, s, settings, credentials)
+
+
+def principal_apart(
+    request: Request,
+    db: Annotated[Database, Depends(get_db)],
+    settings: Annotated[Settings, Depends(get_settings)],
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> auth.Principal:
+    """The caller, looked up in a short read session that is closed before the handler
+    runs: for handlers that open sessions of their own around a wait (a long-polling
+    claim, a trace upload that reads its body first, a snapshot import) and so hold none
+    while waiting."""
+    with db.session(write=False) as s:
+        return _resolve(request, s, settings, credentials)
+
+
 PrincipalDep = Annotated[auth.Principal, Depends(principal)]
 
 
-def require(scope: str) -> Any:
-    """A dependency that lets only callers with ``scope`` (or ``admin``) through."""
+def _check(scope: str, who: auth.Principal) -> auth.Principal:
+    if not who.allows(scope):
+        raise Forbidden(f"this needs the {scope!r} scope; the token has {sorted(who.scopes)}")
+    return who
 
-    def check(who: PrincipalDep) -> auth.Principal:
-        if not who.allows(scope):
-            raise Forbidden(f"this needs the {scope!r} scope; the token has {sorted(who.scopes)}")
-        return who
+
+def require(scope: str, *, apart: bool = False) -> Any:
+    """A dependency that lets only callers with ``scope`` (or ``admin``) through.
+
+    ``apart``: resolve the caller in its own short session (see ``principal_apart``) for
+    a handler that takes no ``SessionDep``.
+    """
+    if apart:
+
+        async def check_apart(
+            who: Annotated[auth.Principal, Depends(principal_apart)],
+        ) -> auth.Principal:
+            return _check(scope, who)
+
+        return Depends(check_apart)
+
+    async def check(who: PrincipalDep) -> auth.Principal:
+        return _check(scope, who)
 
     return Depends(check)
 
@@ -135,12 +205,18 @@ ExperimentDep = Annotated[Experiment, Depends(experiment)]
 
 def worker_of_experiment(
     experiment_id: Annotated[str, Path(max_length=64)],
+    request: Request,
     db: Annotated[Database, Depends(get_db)],
-    who: PrincipalDep,
+    settings: Annotated[Settings, Depends(get_settings)],
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> None:
-    """The worker protocol's calls on a claimed experiment come only from the token whose
-    worker claimed it (the lease token is checked after, by the route)."""
+    """The worker protocol's calls on a claimed experiment come only from a worker token,
+    the one whose worker claimed it (the lease token is checked after, by the route). In
+    a short read
+    session of its own, closed before the route opens the request's (one connection at a
+    time; the trace upload takes no request session at all)."""
     with db.session(write=False) as s:
+        who = _check("worker", _resolve(request, s, settings, credentials))
         exp = s.get(Experiment, experiment_id)
         worker = s.get(Worker, exp.worker_id) if exp is not None and exp.worker_id else None
         if worker is not None and not workers.may_act_as(who, worker):
@@ -159,4 +235,4 @@ def metrics_reader(
     """GET /metrics: open to scrapers unless ``VRAMLAB_METRICS_NEED_TOKEN`` asks for a
     token (any scope) wherever tokens are required."""
     if settings.metrics_need_token:
-        principal(request, db, settings, credentials)
+        principal_apart(request, db, settings, credentials)

@@ -78,6 +78,13 @@ class Settings(BaseSettings):
     snapshot_parse_seconds: float = 600.0
     # Imports parsed at once; more get 429 (each may hold several GiB while it parses).
     snapshot_imports_at_once: int = 1
+    # Database connections of this process: at most pool + overflow at once (unset: 5 + 40
+    # on SQLite, where connections are cheap and writers queue on an in-process lock;
+    # 10 + 10 on PostgreSQL, whose server has a connection budget: see docs/design.md).
+    db_pool_size: int | None = Field(default=None, ge=1, le=1000)
+    db_max_overflow: int | None = Field(default=None, ge=0, le=1000)
+    # Longest a request waits for a connection or SQLite's write slot; then 503.
+    db_wait_seconds: float = Field(default=5.0, gt=0, le=60)
     # Origins allowed by CORS; none by default.
     cors_origins: list[str] = []
 
@@ -89,6 +96,15 @@ class Settings(BaseSettings):
     @property
     def is_sqlite(self) -> bool:
         return self.database_url.startswith("sqlite")
+
+    @property
+    def pool(self) -> tuple[int, int]:
+        """Pool size and overflow for this engine."""
+        size, overflow = (5, 40) if self.is_sqlite else (10, 10)
+        return (
+            self.db_pool_size if self.db_pool_size is not None else size,
+            self.db_max_overflow if self.db_max_overflow is not None else overflow,
+        )
 
 
 @lru_cache

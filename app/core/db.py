@@ -1,10 +1,17 @@
 """The one place that creates the engine and owns sessions and commits.
 
-SQLite runs in WAL mode with a busy timeout, and write transactions start with
-``BEGIN IMMEDIATE`` so that two writers queue on the lock instead of failing when a
-read transaction upgrades. PostgreSQL needs nothing special here.
+SQLite runs in WAL mode, and write transactions start with ``BEGIN IMMEDIATE`` so that
+a read transaction never has to upgrade to a write (which fails at once when another
+writer got in between). Inside one process, writers take an in-process lock *before*
+they check out a connection: they queue on the lock, not on the pool, so a burst of
+writers never starves readers of connections, and a writer that waits longer than
+``wait_seconds`` gives up with :class:`Busy` (503 with Retry-After) instead of hanging.
+Each request holds at most one connection at a time (app/api/deps.py), so the pool
+cannot deadlock; a checkout that waits longer than ``wait_seconds`` is a 503 too.
+PostgreSQL needs no lock: its row locks (``FOR UPDATE SKIP LOCKED``) serialise claims.
 """
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -12,10 +19,20 @@ from typing import Any
 
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
-SQLITE_BUSY_TIMEOUT_MS = 30_000
 IMMEDIATE = "vramlab_immediate"
+# A writer of another process (`vramlab token create`, a second `serve`) holding the
+# lock: how long SQLite itself waits for it, in milliseconds.
+SQLITE_BUSY_TIMEOUT_MS = 5_000
+
+
+class Busy(Exception):
+    """The database is saturated: no connection or write slot came free in time."""
+
+    def __init__(self, message: str, retry_after: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 def _prepare_sqlite(engine: Engine) -> None:
@@ -36,41 +53,113 @@ def _prepare_sqlite(engine: Engine) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(
+    url: str, *, pool_size: int = 10, max_overflow: int = 20, wait_seconds: float = 5.0
+) -> Engine:
+    """``pool_size`` + ``max_overflow`` connections at most; a checkout waits
+    ``wait_seconds`` at most (then SQLAlchemy's TimeoutError, answered 503)."""
     parsed = make_url(url)
+    pool = {"pool_size": pool_size, "max_overflow": max_overflow, "pool_timeout": wait_seconds}
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+            engine = create_engine(
+                url, connect_args={"check_same_thread": False, "timeout": 5}, **pool
+            )
+        else:
+            engine = create_engine(url, connect_args={"check_same_thread": False})
         _prepare_sqlite(engine)
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    return create_engine(url, pool_pre_ping=True, **pool)
 
 
 class Database:
-    """An engine and its session factory; ``session()`` is the unit of work."""
+    """An engine and its session factories; ``session()`` is the unit of work."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        pool_size: int = 10,
+        max_overflow: int = 20,
+        wait_seconds: float = 5.0,
+    ) -> None:
         self.url = url
-        self.engine = make_engine(url)
+        self.wait_seconds = wait_seconds
+        self.engine = make_engine(
+            url, pool_size=pool_size, max_overflow=max_overflow, wait_seconds=wait_seconds
+        )
         self.is_sqlite = self.engine.dialect.name == "sqlite"
-        self._factory = sessionmaker(self.engine, expire_on_commit=False)
+        # A plain Lock, not an RLock: a request's session may begin in one worker thread
+        # and commit in another.
+        self._writer = threading.Lock()
+        self._read = sessionmaker(self.engine, expire_on_commit=False)
+        if self.is_sqlite:
+            # Writes begin with BEGIN IMMEDIATE, after taking this process's write slot.
+            immediate = self.engine.execution_options(**{IMMEDIATE: True})
+            self._write = sessionmaker(immediate, expire_on_commit=False, info={_SLOT: self})
+        else:
+            self._write = self._read
+
+    def open(self, *, write: bool = True) -> Session:
+        """A session that touches the database only when first used; finish it with
+        ``close``. ``write`` on SQLite: its transaction queues for this process's write
+        slot, then takes SQLite's write lock up front (``BEGIN IMMEDIATE``)."""
+        return (self._write if write else self._read)()
+
+    @staticmethod
+    def close(session: Session, *, ok: bool) -> None:
+        """Commit (``ok``) or roll back, and give the connection back."""
+        try:
+            if ok:
+                session.commit()
+            else:
+                session.rollback()
+        finally:
+            session.close()
 
     @contextmanager
     def session(self, *, write: bool = True) -> Iterator[Session]:
         """A session that commits when the block ends and rolls back on any error.
 
-        ``write`` asks SQLite for the write lock up front (``BEGIN IMMEDIATE``).
+        Do not nest sessions: one at a time per thread of work is what keeps the pool
+        from deadlocking.
         """
-        with self._factory() as session:
-            if self.is_sqlite and write:
-                session.connection(execution_options={IMMEDIATE: True})
-            try:
-                yield session
-                session.commit()
-            except BaseException:
-                session.rollback()
-                raise
+        s = self.open(write=write)
+        try:
+            yield s
+        except BaseException:
+            self.close(s, ok=False)
+            raise
+        self.close(s, ok=True)
+
+    def take_write_slot(self) -> None:
+        if not self._writer.acquire(timeout=self.wait_seconds):
+            raise Busy(f"the database is busy: no write slot came free in {self.wait_seconds:g} s")
+
+    def give_write_slot(self) -> None:
+        self._writer.release()
 
     def dispose(self) -> None:
         self.engine.dispose()
+
+
+_SLOT = "vramlab_write_slot"
+_HELD = "vramlab_write_slot_held"
+
+
+# A write session's transaction takes the write slot when it begins, before it checks
+# out a connection (SQLAlchemy creates the transaction first, the connection on first
+# use), and gives it back when it ends, committed or not.
+@event.listens_for(Session, "after_transaction_create")
+def _take_slot(session: Session, transaction: SessionTransaction) -> None:
+    db = session.info.get(_SLOT)
+    if db is not None and transaction.parent is None:
+        db.take_write_slot()
+        session.info[_HELD] = True
+
+
+@event.listens_for(Session, "after_transaction_end")
+def _give_slot(session: Session, transaction: SessionTransaction) -> None:
+    if transaction.parent is None and session.info.pop(_HELD, False):
+        session.info[_SLOT].give_write_slot()

@@ -19,6 +19,7 @@ from app.api.deps import (
     get_db,
     get_settings,
     get_signal,
+    principal_apart,
     require,
 )
 from app.core.config import Settings
@@ -40,12 +41,11 @@ from app.services import experiments, queue, traces, workers
 from app.services.auth import Principal
 from app.services.signals import WorkSignal, wait_for
 
-router = APIRouter(
-    prefix="/v1/worker",
-    tags=["worker protocol"],
-    dependencies=[require("worker")],
-    responses=ERROR_RESPONSES,
-)
+router = APIRouter(prefix="/v1/worker", tags=["worker protocol"], responses=ERROR_RESPONSES)
+# Every call needs the worker scope. The claim and the upload wait (for work, for the
+# body) and open their sessions only after: their caller is looked up apart.
+WORKER = [require("worker")]
+WORKER_APART = [require("worker", apart=True)]
 
 
 def spec_for_worker(exp: Experiment, settings: Settings) -> dict[str, object]:
@@ -57,7 +57,7 @@ def spec_for_worker(exp: Experiment, settings: Settings) -> dict[str, object]:
     }
 
 
-@router.post("/register", response_model=RegisterResponse)
+@router.post("/register", response_model=RegisterResponse, dependencies=WORKER)
 def register(
     req: RegisterRequest, s: SessionDep, settings: SettingsDep, now: NowDep, who: PrincipalDep
 ) -> RegisterResponse:
@@ -97,6 +97,7 @@ def _try_claim(db: Database, worker_id: str, settings: Settings) -> ClaimedExper
     response_model=ClaimedExperiment,
     responses={204: {"description": "no work arrived within wait_s"}},
     summary="Long-poll for an experiment this worker can run",
+    dependencies=WORKER_APART,
 )
 async def claim(
     req: ClaimRequest,
@@ -104,7 +105,7 @@ async def claim(
     db: Annotated[Database, Depends(get_db)],
     settings: Annotated[Settings, Depends(get_settings)],
     signal: Annotated[WorkSignal, Depends(get_signal)],
-    who: PrincipalDep,
+    who: Annotated[Principal, Depends(principal_apart)],  # holds no session while it waits
 ) -> ClaimedExperiment | Response:
     await run_in_threadpool(_check_owner, db, req.worker_id, who)
     loop = asyncio.get_running_loop()

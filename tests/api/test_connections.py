@@ -1,0 +1,110 @@
+"""Connections and the write slot: one connection a request, bounded waits, 503 not 500;
+listing by tag, whichever plan it takes; a sweep queued in one batch."""
+
+import threading
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from app.core.db import Database
+from app.services import experiments
+from tests.conftest import LiveServer, make_settings
+from tests.helpers import ADD, claim, register, submit
+
+
+@pytest.fixture
+def one_connection(database_url: str) -> Iterator[LiveServer]:
+    """The API with a pool of exactly one connection."""
+    settings = make_settings(
+        database_url,
+        db_pool_size=1,
+        db_max_overflow=0,
+        db_wait_seconds=5,
+        claim_wait_seconds=10,
+        claim_poll_seconds=10,
+    )
+    with LiveServer(settings) as live:
+        yield live
+
+
+def test_every_request_needs_one_connection_and_a_waiting_claim_holds_none(
+    one_connection: LiveServer,
+) -> None:
+    with httpx.Client(base_url=one_connection.url, timeout=30) as client:
+        exp = submit(client)  # the caller's look-up and the insert share one connection
+        assert client.get(f"/v1/experiments/{exp['id']}").status_code == 200
+        worker = register(client)
+        assert claim(client, worker)["id"] == exp["id"]  # type: ignore[index]
+        got: dict[str, object] = {}
+
+        def wait() -> None:
+            with httpx.Client(base_url=one_connection.url, timeout=30) as c:
+                got["claim"] = claim(c, worker, wait_s=10)
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        # While the claim waits it holds no connection: reads and a submit go through.
+        assert client.get("/v1/experiments").status_code == 200
+        second = submit(client)
+        waiter.join(timeout=30)
+        claimed = got["claim"]
+        assert isinstance(claimed, dict) and claimed["id"] == second["id"]
+
+
+def test_a_saturated_database_answers_503_with_retry_after(database_url: str) -> None:
+    settings = make_settings(database_url, db_pool_size=1, db_max_overflow=0, db_wait_seconds=0.2)
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=30) as client:
+        db: Database = live.app.state.db
+        # Hold the only connection (and, on SQLite, the write slot) as a long request would.
+        with db.session() as held:
+            held.connection()
+            busy = client.post("/v1/experiments", json=ADD)
+        assert busy.status_code == 503, busy.text
+        assert busy.json()["error"]["type"] == "unavailable"
+        assert busy.headers["retry-after"].isdigit()
+        assert client.post("/v1/experiments", json=ADD).status_code == 202
+
+
+@pytest.mark.parametrize("rare_tag", [2, 2000], ids=["common-tag-plan", "rare-tag-plan"])
+def test_list_by_tag_newest_first_with_either_plan(
+    client: httpx.Client, rare_tag: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(experiments, "RARE_TAG", rare_tag)
+    ids = [submit(client, ADD, tags=["t"] if i % 2 else ["u"])["id"] for i in range(9)]
+    tagged = [ids[i] for i in range(9) if i % 2]
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params: dict[str, str | int] = {"tag": "t", "limit": 3}
+        if cursor:
+            params["cursor"] = cursor
+        page = client.get("/v1/experiments", params=params).json()
+        seen += [e["id"] for e in page["items"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == list(reversed(tagged))
+    assert client.get("/v1/experiments", params={"tag": "none"}).json()["items"] == []
+
+
+def test_a_sweep_is_queued_in_grid_order_with_its_tags(client: httpx.Client) -> None:
+    body = {
+        "spec": {"op": "add", "shape": [64], "dtype": "float32", "device": "cpu", "tags": ["sw"]},
+        "grid": {"shape": [[k] for k in range(1, 51)], "repeat": [1, 2]},
+    }
+    created = client.post("/v1/sweeps", json=body)
+    assert created.status_code == 202, created.text
+    out = created.json()
+    assert out["progress"]["queued"] == 100 and not out["done"]
+    assert [r["values"] for r in out["rows"][:3]] == [
+        {"shape": [1], "repeat": 1},
+        {"shape": [1], "repeat": 2},
+        {"shape": [2], "repeat": 1},
+    ]
+    assert all(r["status"] == "queued" and r["predicted_delta"] for r in out["rows"])
+    # What the POST answered is what a GET reads back.
+    again = client.get(f"/v1/sweeps/{out['id']}").json()
+    assert again["rows"] == out["rows"] and again["progress"] == out["progress"]
+    tagged = client.get("/v1/experiments", params={"tag": "sw", "limit": 200}).json()["items"]
+    assert len(tagged) == 100
