@@ -1,6 +1,8 @@
 """The FastAPI application."""
 
 import asyncio
+import contextlib
+import gc
 import logging
 import secrets
 import threading
@@ -35,7 +37,7 @@ from app.core.config import Settings, get_settings
 from app.core.db import Database
 from app.services import auth
 from app.services.metrics import QueueCollector
-from app.services.signals import WorkSignal
+from app.services.signals import PgListener, WorkSignal
 
 log = logging.getLogger("vramlab")
 
@@ -64,7 +66,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.signal.bind(asyncio.get_running_loop())
         _say_how_auth_stands(app.state.db, settings)
+        # Replicas on one PostgreSQL database wake each other's waiting claims.
+        listener = None
+        if not app.state.db.is_sqlite:
+            listener = asyncio.create_task(
+                PgListener(settings.database_url, app.state.signal).run()
+            )
+        # What start-up built (modules, the catalog, the app) lives as long as the process:
+        # move it out of the collector's view, so that full collections no longer walk it
+        # in the middle of a request (they cost tens of ms of tail latency on a listing).
+        gc.collect()
+        gc.freeze()
         yield
+        if listener is not None:
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await listener
         app.state.db.dispose()
 
     app = FastAPI(

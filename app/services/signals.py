@@ -1,18 +1,34 @@
-"""Wakes claims that wait for work as soon as an experiment is queued.
+"""Wakes claims that wait for work as soon as an experiment is queued, on every replica.
 
 Waiters take the current event *before* they look for work, so a notification that
-lands between their look and their wait still wakes them. Notifications come from
-request threads; ``notify`` hands them to the event loop safely. Between API replicas
-no signal travels: their waiting claims look again every ``claim_poll_seconds``.
+lands between their look and their wait still wakes them. A transaction that queues work
+calls ``after_commit``: once it commits, this process's waiting claims wake, and on
+PostgreSQL a ``NOTIFY`` (sent in the same transaction, so delivered only if it commits)
+wakes the waiting claims of every other API replica through their ``PgListener``. The
+poll every ``claim_poll_seconds`` stays as the fallback (expired leases, a listener that
+is reconnecting).
 """
 
 import asyncio
+import logging
+import uuid
+
+from sqlalchemy import event, func, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session
+
+log = logging.getLogger("vramlab")
+
+CHANNEL = "vramlab_work"
+_PENDING = "vramlab_wakes_workers"
 
 
 class WorkSignal:
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._event = asyncio.Event()
+        # Names this process in its NOTIFY payloads, so its listener skips its own.
+        self.replica = uuid.uuid4().hex
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -20,20 +36,85 @@ class WorkSignal:
     def current(self) -> asyncio.Event:
         return self._event
 
-    def _wake(self) -> None:
-        event, self._event = self._event, asyncio.Event()
-        event.set()
+    def wake(self) -> None:
+        """Wake every waiting claim; call on the event loop."""
+        event_, self._event = self._event, asyncio.Event()
+        event_.set()
 
     def notify(self) -> None:
-        """Wake every waiting claim; safe to call from any thread."""
+        """Wake every waiting claim of this process; safe to call from any thread."""
         if self._loop is None or self._loop.is_closed():
             return
-        self._loop.call_soon_threadsafe(self._wake)
+        self._loop.call_soon_threadsafe(self.wake)
+
+    def after_commit(self, session: Session) -> None:
+        """Wake waiting claims here and on every replica once this transaction commits;
+        once per transaction however many experiments it queues (a sweep)."""
+        if session.info.get(_PENDING) is not None:
+            return
+        session.info[_PENDING] = self
+        if session.get_bind().dialect.name == "postgresql":
+            session.execute(select(func.pg_notify(CHANNEL, self.replica)))
 
 
-async def wait_for(event: asyncio.Event, timeout: float) -> bool:
+# One listener for every session (cheaper than one registered per transaction): a
+# transaction that queued work wakes the signal it named; one rolled back forgets it.
+@event.listens_for(Session, "after_commit")
+def _committed(session: Session) -> None:
+    signal = session.info.pop(_PENDING, None)
+    if signal is not None:
+        signal.notify()
+
+
+@event.listens_for(Session, "after_rollback")
+def _rolled_back(session: Session) -> None:
+    session.info.pop(_PENDING, None)
+
+
+async def wait_for(event_: asyncio.Event, timeout: float) -> bool:
     try:
-        await asyncio.wait_for(event.wait(), timeout)
+        await asyncio.wait_for(event_.wait(), timeout)
     except TimeoutError:
         return False
     return True
+
+
+def libpq_url(database_url: str) -> str:
+    """A SQLAlchemy PostgreSQL URL as psycopg's own connect() takes it."""
+    return make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class PgListener:
+    """LISTENs on one connection of its own (one per replica, outside the pool) and wakes
+    this replica's waiting claims when another replica queues work. Reconnects after a
+    lost connection; meanwhile claims fall back to polling."""
+
+    def __init__(self, database_url: str, signal: WorkSignal, retry_seconds: float = 1.0):
+        self.conninfo = libpq_url(database_url)
+        self.signal = signal
+        self.retry_seconds = retry_seconds
+        self.listening = asyncio.Event()
+
+    async def run(self) -> None:
+        import psycopg
+
+        while True:
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self.conninfo, autocommit=True, connect_timeout=5
+                )
+                async with conn:
+                    await conn.execute(f"LISTEN {CHANNEL}")
+                    self.listening.set()
+                    self.signal.wake()  # work queued while no one listened
+                    while True:
+                        async for note in conn.notifies(timeout=30):
+                            if note.payload != self.signal.replica:
+                                self.signal.wake()
+                        await conn.execute("SELECT 1")  # still connected?
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.listening.clear()
+                log.warning("vramlab: LISTEN connection lost (%s); claims poll meanwhile", exc)
+                await asyncio.sleep(self.retry_seconds)
