@@ -20,6 +20,8 @@ class Experiment(Base):
         Index("ix_experiments_queue", "status", "priority", "created_at"),
         Index("ix_experiments_lease", "status", "lease_expires_at"),
         Index("ix_experiments_created", "created_at", "id"),
+        # A submitter's queued experiments, counted against the cap on each submit.
+        Index("ix_experiments_submitter_queued", "status", "submitted_by"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)

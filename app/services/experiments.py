@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import and_, event, func, or_, select
+from sqlalchemy import ColumnElement, and_, exists, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -37,39 +37,15 @@ def submit(
 ) -> Experiment:
     """Queue an accepted spec in the caller's transaction; waiting workers wake once it
     commits. The spec was planned (``specs.accept``) before the transaction began."""
-    s = accepted.spec
-    exp = Experiment(
-        id=str(uuid.uuid4()),
-        status="queued",
-        op=s.op,
-        shape=list(s.shape),
-        params=s.params,
-        dtype=s.dtype,
-        device=s.device,
-        device_type=accepted.device_type,
-        gpus_needed=accepted.gpus_needed,
-        gpu_name=s.requirements.gpu_name,
-        min_memory_bytes=s.requirements.min_memory_bytes,
-        warmup=s.warmup,
-        repeat=s.repeat,
-        timeout_s=s.timeout_s,
-        allocator=s.allocator.model_dump(exclude_none=True),
-        trace_mode=s.trace,
-        priority=s.priority,
-        predicted_bytes=accepted.predicted_bytes,
-        prediction=accepted.prediction,
-        created_at=now,
-        tag_rows=[ExperimentTag(tag=t) for t in dict.fromkeys(s.tags)],
-        steps=s.steps,
-        preset=preset,
+    exp = new(
+        accepted,
+        now,
         submitted_by=submitted_by,
         idempotency_key=idempotency_key,
+        preset=preset,
     )
     session.add(exp)
-    # One wake-up per transaction, however many experiments it queues (a sweep).
-    if not session.info.get("wakes_workers"):
-        session.info["wakes_workers"] = True
-        event.listen(session, "after_commit", lambda _s: signal.notify(), once=True)
+    signal.after_commit(session)
     return exp
 
 
@@ -83,16 +59,77 @@ def with_device(
     return spec.model_copy(update={"device": device})
 
 
+def new(
+    accepted: AcceptedSpec,
+    now: datetime,
+    *,
+    submitted_by: str | None = None,
+    idempotency_key: str | None = None,
+    preset: str | None = None,
+) -> Experiment:
+    """A queued experiment for a spec already accepted; the caller adds it."""
+    return Experiment(
+        **columns(accepted, now, submitted_by=submitted_by, preset=preset),
+        idempotency_key=idempotency_key,
+        tag_rows=[ExperimentTag(tag=t) for t in dict.fromkeys(accepted.spec.tags)],
+        result=None,  # known empty: reading it later needs no query
+    )
+
+
+def columns(
+    accepted: AcceptedSpec,
+    now: datetime,
+    *,
+    submitted_by: str | None = None,
+    preset: str | None = None,
+    sweep_id: str | None = None,
+) -> dict[str, Any]:
+    """A queued experiment's columns, for an ORM object or a bulk insert."""
+    s = accepted.spec
+    return {
+        "id": str(uuid.uuid4()),
+        "status": "queued",
+        "op": s.op,
+        "shape": list(s.shape),
+        "params": s.params,
+        "dtype": s.dtype,
+        "device": s.device,
+        "device_type": accepted.device_type,
+        "gpus_needed": accepted.gpus_needed,
+        "gpu_name": s.requirements.gpu_name,
+        "min_memory_bytes": s.requirements.min_memory_bytes,
+        "warmup": s.warmup,
+        "repeat": s.repeat,
+        "timeout_s": s.timeout_s,
+        "allocator": s.allocator.model_dump(exclude_none=True),
+        "trace_mode": s.trace,
+        "priority": s.priority,
+        "predicted_bytes": accepted.predicted_bytes,
+        "prediction": accepted.prediction,
+        "created_at": now,
+        "steps": s.steps,
+        "preset": preset,
+        "sweep_id": sweep_id,
+        "submitted_by": submitted_by,
+    }
+
+
 def check_quota(
     session: Session, submitted_by: str | None, settings: Settings, adding: int = 1
 ) -> None:
     """Refuse (429) a submitter that already has as many queued experiments as allowed."""
     who = Experiment.submitted_by
-    stmt = select(func.count()).where(
-        Experiment.status == "queued",
-        who.is_(None) if submitted_by is None else who == submitted_by,
+    mine = (
+        select(Experiment.id)
+        .where(
+            Experiment.status == "queued",
+            who.is_(None) if submitted_by is None else who == submitted_by,
+        )
+        # Counting stops past the cap: a long queue costs no more than the cap to check.
+        .limit(settings.max_queued_per_token + 1)
+        .subquery()
     )
-    queued = session.scalar(stmt) or 0
+    queued = session.scalar(select(func.count()).select_from(mine)) or 0
     if queued + adding > settings.max_queued_per_token:
         raise TooManyRequests(
             f"{queued} experiments of yours are queued and {adding} more were asked for; at most "
@@ -121,6 +158,8 @@ def submit_once(
     if scoped is not None and (first := _by_key(session, scoped)) is not None:
         return first, True
     check_quota(session, submitted_by, settings)
+    if scoped is None:
+        return submit(session, accepted, signal, now, submitted_by=submitted_by), False
     try:
         # A savepoint: if a concurrent request with the same key commits first, the unique
         # index refuses this insert and the transaction goes on to return that one.
@@ -192,6 +231,28 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
         ) from None
 
 
+# A tag on at most this many experiments is listed by sorting them; a commoner one by
+# walking the newest-first index until the page is full (on average limit x rows/tagged
+# rows deep, so at most ~limit x total/RARE_TAG).
+RARE_TAG = 2000
+
+
+def _tagged(session: Session, tag: str) -> ColumnElement[bool]:
+    """Experiments with this tag, in the form that lists a page of them fastest.
+
+    PostgreSQL's planner knows from its statistics how common a tag is and picks between
+    the two plans itself. SQLite plans an ``IN`` by sorting every tagged experiment (slow
+    for a common tag) and an ``EXISTS`` by walking the index (slow for a rare one), so it
+    is told which: counting up to RARE_TAG + 1 tagged rows is one short index range.
+    """
+    tagged = select(ExperimentTag.experiment_id).where(ExperimentTag.tag == tag)
+    if session.get_bind().dialect.name == "sqlite":
+        few = select(func.count()).select_from(tagged.limit(RARE_TAG + 1).subquery())
+        if (session.scalar(few) or 0) <= RARE_TAG:
+            return Experiment.id.in_(tagged)
+    return exists().where(ExperimentTag.experiment_id == Experiment.id, ExperimentTag.tag == tag)
+
+
 def page(
     session: Session, filters: Filters, limit: int, cursor: str | None
 ) -> tuple[list[Experiment], str | None]:
@@ -211,8 +272,7 @@ def page(
     if filters.kind:
         stmt = stmt.where(Experiment.kind == filters.kind)
     if filters.tag:
-        tagged = select(ExperimentTag.experiment_id).where(ExperimentTag.tag == filters.tag)
-        stmt = stmt.where(Experiment.id.in_(tagged))
+        stmt = stmt.where(_tagged(session, filters.tag))
     if cursor:
         at, last_id = _decode_cursor(cursor)
         stmt = stmt.where(

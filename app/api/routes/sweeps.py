@@ -47,9 +47,7 @@ def create(
     nothing is queued and the 422 names the point and the field."""
     body, points = planned
     auth.check_priority(who, max((p.spec.priority for p in points), default=0), settings)
-    sweep = sweeps.create(s, body, points, settings, signal, now, submitted_by=who.id)
-    s.flush()
-    return sweeps.read(s, sweep)
+    return sweeps.create(s, body, points, settings, signal, now, submitted_by=who.id)
 
 
 @router.get(
