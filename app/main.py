@@ -37,7 +37,7 @@ from app.core.config import Settings, get_settings
 from app.core.db import Database
 from app.services import auth
 from app.services.metrics import QueueCollector
-from app.services.signals import PgListener, WorkSignal
+from app.services.signals import Replicas, WorkSignal
 
 log = logging.getLogger("vramlab")
 
@@ -69,9 +69,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # Replicas on one PostgreSQL database wake each other's waiting claims.
         listener = None
         if not app.state.db.is_sqlite:
-            listener = asyncio.create_task(
-                PgListener(settings.database_url, app.state.signal).run()
-            )
+            listener = asyncio.create_task(Replicas(settings.database_url, app.state.signal).run())
         # What start-up built (modules, the catalog, the app) lives as long as the process:
         # move it out of the collector's view, so that full collections no longer walk it
         # in the middle of a request (they cost tens of ms of tail latency on a listing).

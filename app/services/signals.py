@@ -3,19 +3,24 @@
 Waiters take the current event *before* they look for work, so a notification that
 lands between their look and their wait still wakes them. A transaction that queues work
 calls ``after_commit``: once it commits, this process's waiting claims wake, and on
-PostgreSQL a ``NOTIFY`` (sent in the same transaction, so delivered only if it commits)
-wakes the waiting claims of every other API replica through their ``PgListener``. The
-poll every ``claim_poll_seconds`` stays as the fallback (expired leases, a listener that
-is reconnecting).
+PostgreSQL the ``Replicas`` task sends ``NOTIFY`` on a connection of its own, off the
+request's path and coalesced (one per burst of commits), which wakes the waiting claims
+of every other API replica through their ``LISTEN``. The poll every
+``claim_poll_seconds`` stays as the fallback (expired leases, a connection that is being
+re-made).
 """
 
 import asyncio
 import logging
 import uuid
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import event, func, select
+from sqlalchemy import event
 from sqlalchemy.engine import make_url
 from sqlalchemy.orm import Session
+
+if TYPE_CHECKING:
+    import psycopg
 
 log = logging.getLogger("vramlab")
 
@@ -29,6 +34,8 @@ class WorkSignal:
         self._event = asyncio.Event()
         # Names this process in its NOTIFY payloads, so its listener skips its own.
         self.replica = uuid.uuid4().hex
+        # Set when work was queued here and the other replicas are yet to be told.
+        self.outgoing = asyncio.Event()
 
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
@@ -42,19 +49,20 @@ class WorkSignal:
         event_.set()
 
     def notify(self) -> None:
-        """Wake every waiting claim of this process; safe to call from any thread."""
+        """Work was queued: wake every waiting claim of this process, and have the other
+        replicas told; safe to call from any thread."""
         if self._loop is None or self._loop.is_closed():
             return
-        self._loop.call_soon_threadsafe(self.wake)
+        self._loop.call_soon_threadsafe(self._queued)
+
+    def _queued(self) -> None:
+        self.wake()
+        self.outgoing.set()
 
     def after_commit(self, session: Session) -> None:
         """Wake waiting claims here and on every replica once this transaction commits;
         once per transaction however many experiments it queues (a sweep)."""
-        if session.info.get(_PENDING) is not None:
-            return
         session.info[_PENDING] = self
-        if session.get_bind().dialect.name == "postgresql":
-            session.execute(select(func.pg_notify(CHANNEL, self.replica)))
 
 
 # One listener for every session (cheaper than one registered per transaction): a
@@ -84,28 +92,32 @@ def libpq_url(database_url: str) -> str:
     return make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-class PgListener:
-    """LISTENs on one connection of its own (one per replica, outside the pool) and wakes
-    this replica's waiting claims when another replica queues work. Reconnects after a
-    lost connection; meanwhile claims fall back to polling."""
+class Replicas:
+    """Tells the other API replicas on one PostgreSQL database when work was queued here,
+    and wakes this replica's waiting claims when they tell it. Two connections of its own,
+    outside the pool: one LISTENs, one sends NOTIFY. Each is made again after it is
+    lost; meanwhile claims fall back to polling."""
 
     def __init__(self, database_url: str, signal: WorkSignal, retry_seconds: float = 1.0):
         self.conninfo = libpq_url(database_url)
         self.signal = signal
         self.retry_seconds = retry_seconds
-        self.listening = asyncio.Event()
 
     async def run(self) -> None:
+        await asyncio.gather(self._listen(), self._announce())
+
+    async def _connect(self) -> "psycopg.AsyncConnection[Any]":
         import psycopg
 
+        return await psycopg.AsyncConnection.connect(
+            self.conninfo, autocommit=True, connect_timeout=5
+        )
+
+    async def _listen(self) -> None:
         while True:
             try:
-                conn = await psycopg.AsyncConnection.connect(
-                    self.conninfo, autocommit=True, connect_timeout=5
-                )
-                async with conn:
+                async with await self._connect() as conn:
                     await conn.execute(f"LISTEN {CHANNEL}")
-                    self.listening.set()
                     self.signal.wake()  # work queued while no one listened
                     while True:
                         async for note in conn.notifies(timeout=30):
@@ -115,6 +127,23 @@ class PgListener:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                self.listening.clear()
                 log.warning("vramlab: LISTEN connection lost (%s); claims poll meanwhile", exc)
+                await asyncio.sleep(self.retry_seconds)
+
+    async def _announce(self) -> None:
+        outgoing = self.signal.outgoing
+        while True:
+            try:
+                async with await self._connect() as conn:
+                    while True:
+                        await outgoing.wait()
+                        # Cleared before sending: commits meanwhile make one more NOTIFY.
+                        outgoing.clear()
+                        await conn.execute(
+                            "SELECT pg_notify(%s, %s)", (CHANNEL, self.signal.replica)
+                        )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("vramlab: NOTIFY connection lost (%s); other replicas poll", exc)
                 await asyncio.sleep(self.retry_seconds)
