@@ -234,7 +234,7 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
 # A tag on at most this many experiments is listed by sorting them; a commoner one by
 # walking the newest-first index until the page is full (on average limit x rows/tagged
 # rows deep, so at most ~limit x total/RARE_TAG).
-RARE_TAG = 2000
+RARE_TAG = 1000
 
 
 def _tagged(session: Session, tag: str) -> ColumnElement[bool]:
