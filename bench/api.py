@@ -179,8 +179,9 @@ def seed(url: str, rows: int) -> None:
             c.execute(insert(Experiment), exps)
             c.execute(insert(Result), results)
             c.execute(insert(ExperimentTag), tags)
-    with engine.begin() as c:
-        c.execute(text("ANALYZE"))
+    # Statistics and, on PostgreSQL, the visibility map, as autovacuum keeps them.
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as c:
+        c.execute(text("VACUUM ANALYZE" if engine.dialect.name == "postgresql" else "ANALYZE"))
     engine.dispose()
 
 
