@@ -39,6 +39,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     if not args.no_migrate:
         _migrate(settings.database_url)
+    # Requests hop between the event loop and the thread pool a few times each; with the
+    # default 5 ms GIL switch interval each hop can wait that long behind a busy thread,
+    # and on SQLite the write slot is held meanwhile (docs/api-performance.md).
+    sys.setswitchinterval(0.001)
     uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
