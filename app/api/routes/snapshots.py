@@ -74,7 +74,8 @@ async def import_snapshot(
     db: DbDep,
     settings: SettingsDep,
     now: NowDep,
-    who: Annotated[Principal, require("submit")],
+    # Apart: the import waits on a parsing child and opens its own session to store.
+    who: Annotated[Principal, require("submit", apart=True)],
     name: Annotated[str, Query(min_length=1, max_length=200)] = "snapshot",
     tag: Annotated[list[Tag] | None, Query(max_length=32)] = None,
     device: Annotated[int | None, Query(ge=0, le=63, description="default: the busiest")] = None,
