@@ -42,8 +42,9 @@ from app.services.auth import Principal
 from app.services.signals import WorkSignal, wait_for
 
 router = APIRouter(prefix="/v1/worker", tags=["worker protocol"], responses=ERROR_RESPONSES)
-# Every call needs the worker scope. The claim and the upload wait (for work, for the
-# body) and open their sessions only after: their caller is looked up apart.
+# Every call needs the worker scope: checked here for register and the claim (whose
+# caller is looked up apart: it holds no session while it waits), and with the ownership
+# of the experiment for the calls on a claimed one (WorkerOwnsExperiment).
 WORKER = [require("worker")]
 WORKER_APART = [require("worker", apart=True)]
 
