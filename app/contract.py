@@ -1,11 +1,16 @@
-"""The API↔worker contract: the one place that spells each status and error type.
+"""The API↔worker contract: the one place that spells each status, error type and figure.
 
-Torch-free and web-free: the API (schemas, services, pages, CLI) and the worker (loop,
-runner, result builder) both import it. The enums are ``StrEnum``s, so a value is its
-own string on the wire and in the database.
+Torch-free and web-free (pydantic only): the API (schemas, services, pages, CLI) and the
+worker (loop, runner, result builder) both import it. The enums are ``StrEnum``s, so a
+value is its own string on the wire and in the database. The models describe what the
+worker really produces; every field that exists is declared (``extra="forbid"``), so a
+new figure is added here first, and a generated client sees typed results.
 """
 
 from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Status(StrEnum):
@@ -41,3 +46,261 @@ class ErrorType(StrEnum):
     # The worker could not report what it ran (its outcome broke the API's limits).
     REPORT_REFUSED = "report_refused"
     INTERNAL = "internal"
+
+
+# Failures whose figures are a result worth keeping (the others carry only the error).
+KEEPS_RESULT = frozenset({ErrorType.OOM, ErrorType.DEVICE_MISMATCH, ErrorType.AUTOGRAD_ERROR})
+
+# -- limits the API enforces on an outcome (the worker checks them before sending) -------
+MAX_ERROR_MESSAGE_CHARS = 20_000
+MAX_ERROR_HINT_CHARS = 5_000
+MAX_TRACE_EVENTS = 10**9
+# The API's default request body limit (VRAMLAB_MAX_BODY_BYTES): an outcome's JSON.
+MAX_OUTCOME_BYTES = 1 * 2**20
+
+# The v1 memory keys: integer byte counts in every succeeded result's ``memory``.
+MEMORY_KEYS = (
+    "allocated_before",
+    "allocated_after",
+    "allocated_peak",
+    "reserved_before",
+    "reserved_after",
+    "reserved_peak",
+    "delta_allocated",
+    "host_rss_before",
+    "host_rss_after",
+)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class MemoryFigures(_Model):
+    """The op's figures (for a scenario: from its first step to its last), in bytes.
+
+    ``allocated_*`` and ``reserved_*`` come from the caching allocator on CUDA and from
+    the profiler's memory events on the CPU; ``host_rss_*`` from the OS. The extras are
+    the device as the driver sees it (other processes and the CUDA context included) and
+    PyTorch's pinned host allocator; they are null where they do not apply.
+    """
+
+    allocated_before: int
+    allocated_after: int
+    allocated_peak: int
+    reserved_before: int
+    reserved_after: int
+    reserved_peak: int
+    delta_allocated: int
+    host_rss_before: int
+    host_rss_after: int
+    device_used_before: int | None = None
+    device_used_after: int | None = None
+    pinned_host_before: int | None = None
+    pinned_host_after: int | None = None
+
+
+class Phase(_Model):
+    """One measured phase (set-up, op, after, or a scenario's step)."""
+
+    name: str
+    allocated_start: int | None = None
+    allocated_end: int | None = None
+    allocated_peak: int | None = None
+    reserved_start: int | None = None
+    reserved_end: int | None = None
+    reserved_peak: int | None = None
+    active_bytes: int | None = None
+    inactive_split_bytes: int | None = None
+    alloc_retries: int | None = None
+    ooms: int | None = None
+    host_rss_start: int | None = None
+    host_rss_end: int | None = None
+    device_used_start: int | None = None
+    device_used_end: int | None = None
+    pinned_host_start: int | None = None
+    pinned_host_end: int | None = None
+    wall_s: float | None = None
+
+
+class Timing(_Model):
+    """Time of the op: CUDA events or perf_counter over ``repeat`` calls after ``warmup``.
+
+    A scenario has only its method and the steps' wall time.
+    """
+
+    method: Literal["cuda_events", "perf_counter"]
+    median_s: float | None = None
+    min_s: float | None = None
+    max_s: float | None = None
+    repeats_s: list[float] | None = None
+    warmup: int | None = None
+    repeat: int | None = None
+    bytes_per_s: float | None = None
+    wall_s: float | None = None
+
+
+class Environment(_Model):
+    torch: str | None = None
+    cuda: str | None = None
+    cudnn: int | None = None
+    hostname: str | None = None
+    python: str | None = None
+    platform: str | None = None
+    gpu_name: str | None = None
+    gpu_total_memory: int | None = None
+    driver: str | None = None
+    allocator_conf: str | None = None
+    device: str
+
+
+class TensorPrediction(_Model):
+    name: str
+    shape: list[int]
+    dtype: str
+    device: str
+    bytes: int
+
+
+class StepPrediction(_Model):
+    label: str
+    allocated_after: int
+    host_tensor_bytes: int | None = None
+
+
+class Prediction(_Model):
+    """Bytes the catalog predicts (a prediction, not a measurement)."""
+
+    label: Literal["prediction"] = "prediction"
+    device: str
+    allocated_before: int
+    delta_allocated: int
+    allocated_after: int
+    host_tensor_bytes: int
+    inputs: list[TensorPrediction] = Field(default_factory=list)
+    outputs: list[TensorPrediction] = Field(default_factory=list)
+    rounding: str
+    devices: list[str] = Field(default_factory=list)
+    exact: bool
+    caveats: list[str] = Field(default_factory=list)
+    # A scenario's: the most its named tensors hold at once, and each top-level step.
+    peak_named_bytes: int | None = None
+    steps: list[StepPrediction] | None = None
+
+
+class TensorInfo(_Model):
+    """A tensor the op took or returned, as measured."""
+
+    name: str
+    shape: list[int]
+    dtype: str
+    device: str
+    bytes: int
+    # A view's storage may be far larger than the view: it keeps its whole base alive.
+    storage_bytes: int
+    layout: Literal["strided", "channels_last", "sparse_coo"]
+    is_contiguous: bool | None
+    is_view_of_input: bool
+
+
+class TraceSummary(_Model):
+    source: Literal["cuda_memory_history", "cpu_profiler", "none"]
+    events: int
+    truncated: bool
+
+
+class Copy(_Model):
+    """Copies between two devices that one aten op made, summed."""
+
+    op: str
+    from_: str = Field(alias="from")
+    to: str
+    calls: int
+    bytes: int
+
+
+class HeldTensor(_Model):
+    """One tensor a scenario's name held at its end."""
+
+    shape: list[int]
+    dtype: str
+    device: str
+    bytes: int
+    pinned: bool
+
+
+class MoreTensors(_Model):
+    """How many more tensors a name held beyond those listed."""
+
+    more: int
+
+
+class Placement(_Model):
+    """Where tensors live, and the copies between devices that the op (or scenario) made."""
+
+    inputs: dict[str, str] | None = None
+    outputs: dict[str, str] | None = None
+    parameters: dict[str, str] | None = None
+    parameter_devices: list[str] | None = None
+    tensors: dict[str, list[HeldTensor | MoreTensors]] | None = None
+    host_device_copies: list[Copy] | None = None
+    device_device_copies: list[Copy] | None = None
+    mixed_device_calls: dict[str, list[str]] | None = None
+    cpu_ops_in_cuda_experiment: dict[str, int] | None = None
+    method: str | None = None
+
+
+class ErrorInfo(_Model):
+    """A failure: a type that a program can act on, a message, maybe a hint and details."""
+
+    type: ErrorType
+    message: str = Field(max_length=MAX_ERROR_MESSAGE_CHARS)
+    hint: str | None = Field(default=None, max_length=MAX_ERROR_HINT_CHARS)
+    details: dict[str, Any] | None = None
+
+
+class Step(Phase):
+    """A scenario's step: its phase's figures, its prediction, its error if it failed."""
+
+    do: str
+    error: ErrorInfo | None = None
+    predicted_allocated_after: int | None = None
+
+
+class Result(_Model):
+    """What a worker measured for one experiment (succeeded, or failed with figures)."""
+
+    memory: MemoryFigures
+    phases: list[Phase] = Field(default_factory=list)
+    timing: Timing | None = None
+    environment: Environment | None = None
+    prediction: Prediction | None = None
+    inputs: list[TensorInfo] = Field(default_factory=list)
+    outputs: list[TensorInfo] = Field(default_factory=list)
+    notes: list[str] = Field(default_factory=list)
+    trace: TraceSummary | None = None
+    placement: Placement | None = None
+    # What the op itself reported (modules, autograd, sections, dtype support): op-specific.
+    details: dict[str, Any] | None = None
+    steps: list[Step] | None = None
+
+
+class Outcome(_Model):
+    """What a worker reports when an experiment ends."""
+
+    status: Literal[Status.SUCCEEDED, Status.FAILED, Status.CANCELLED]
+    result: Result | None = None
+    error: ErrorInfo | None = None
+    trace_events: int = Field(default=0, ge=0, le=MAX_TRACE_EVENTS)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "Outcome":
+        if self.status == Status.SUCCEEDED and self.result is None:
+            raise ValueError("a succeeded outcome needs a result")
+        if self.status == Status.FAILED and self.error is None:
+            raise ValueError("a failed outcome needs an error")
+        return self
+
+    def wire(self) -> dict[str, Any]:
+        """The outcome as JSON-ready data, keys as the contract spells them."""
+        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)

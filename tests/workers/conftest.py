@@ -5,8 +5,9 @@ from typing import Any
 
 import pytest
 
+from app import contract
 from app.catalog import plan_spec
-from workers.runner import Runner
+from workers.runner import Outcome, Runner
 
 SpecFactory = Callable[..., dict[str, Any]]
 
@@ -39,10 +40,26 @@ def build_spec(
     return spec
 
 
+class CheckedRunner(Runner):
+    """A Runner whose every outcome must validate against the contract the API enforces."""
+
+    def run(self, spec: dict[str, Any], **kwargs: Any) -> Outcome:
+        outcome = super().run(spec, **kwargs)
+        contract.Outcome.model_validate(
+            {
+                "status": outcome.status,
+                "result": outcome.result,
+                "error": outcome.error,
+                "trace_events": outcome.trace_events,
+            }
+        )
+        return outcome
+
+
 @pytest.fixture(scope="module")
 def runner() -> Iterator[Runner]:
     # One runner (and forkserver) for a module: starting one costs a torch import.
-    r = Runner()
+    r = CheckedRunner()
     r.start()
     yield r
     r.close()
