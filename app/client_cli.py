@@ -19,12 +19,12 @@ from typing import Any, BinaryIO
 
 import httpx
 
-from app.contract import FINISHED, Status
+from app.contract import FINISHED, Result, SnapshotResult, Status
 from app.plots.chart import human_bytes
+from app.schemas.results import SweepRow
 
 TERMINAL = tuple(str(s) for s in Status if s in FINISHED)
 FULL_ID = 36
-FIGURES = ("delta_allocated", "allocated_peak", "reserved_peak", "allocated_after")
 
 
 class ClientError(Exception):
@@ -157,13 +157,23 @@ def show_experiment(exp: dict[str, Any]) -> None:
     )
     if exp.get("error"):
         print(f"error: {exp['error']['type']}: {exp['error']['message']}")
-    memory = (exp.get("result") or {}).get("memory") or {}
+    result = _result(exp)
+    if result is None:
+        return
     prediction = exp.get("prediction") or {}
-    if memory:
-        rows = [(k, _bytes(v), v, _bytes(prediction.get(k))) for k, v in memory.items()]
-        print(table(["figure", "measured", "bytes", "predicted"], rows))
-    for note in (exp.get("result") or {}).get("notes") or []:
+    rows = [
+        (k, _bytes(v), v, _bytes(prediction.get(k))) for k, v in result.memory.model_dump().items()
+    ]
+    print(table(["figure", "measured", "bytes", "predicted"], rows))
+    for note in result.notes if isinstance(result, Result) else []:
         print(f"- {note}")
+
+
+def _result(exp: dict[str, Any]) -> Result | SnapshotResult | None:
+    if not exp.get("result"):
+        return None
+    model = SnapshotResult if exp.get("kind") == "snapshot" else Result
+    return model.model_validate(exp["result"])
 
 
 def _finish_submit(client: httpx.Client, exp: dict[str, Any], args: argparse.Namespace) -> int:
@@ -239,7 +249,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         return 0
     rows = []
     for e in page["items"]:
-        memory = (e.get("result") or {}).get("memory") or {}
+        result = _result(e)
         s = e["spec"]
         rows.append(
             (
@@ -249,8 +259,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
                 "x".join(map(str, s["shape"])),
                 s["dtype"],
                 s["device"],
-                _bytes(memory.get("delta_allocated")),
-                _bytes(memory.get("allocated_peak")),
+                _bytes(result.memory.delta_allocated if result else None),
+                _bytes(result.memory.allocated_peak if result else None),
                 e["created_at"][:19],
             )
         )
@@ -317,7 +327,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 time.sleep(args.poll)
                 sweep = _check(client.get(f"/v1/sweeps/{sweep['id']}"))
                 counts = sweep["progress"]
-                done = sum(counts[k] for k in TERMINAL)
+                done = sum(counts[k] for k in FINISHED)
                 _status_line(_progress_bar(done, sweep["n_points"], counts))
             sys.stderr.write("\n")
         if args.csv:
@@ -330,15 +340,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     keys = list(sweep["grid"])
     rows = [
         (
-            r["index"],
-            *(_cell(r["values"].get(k)) for k in keys),
-            r["status"] if r.get("error_type") is None else f"{r['status']}: {r['error_type']}",
-            _bytes(r["delta_allocated"]),
-            _bytes(r["allocated_peak"]),
-            _bytes(r["predicted_delta"]),
-            _figure("time_s", r.get("time_s")),
+            r.index,
+            *(_cell(r.values.get(k)) for k in keys),
+            r.status if r.error_type is None else f"{r.status}: {r.error_type}",
+            _bytes(r.delta_allocated),
+            _bytes(r.allocated_peak),
+            _bytes(r.predicted_delta),
+            _figure("time_s", r.time_s),
         )
-        for r in sweep["rows"]
+        for r in (SweepRow.model_validate(row) for row in sweep["rows"])
     ]
     print(table(["#", *keys, "status", "delta", "peak", "predicted", "time"], rows))
     return 0
@@ -457,7 +467,7 @@ def register(sub: Any) -> None:
     p.set_defaults(func=_run(cmd_cancel))
 
     p = sub.add_parser("ls", parents=[common], help="list experiments, newest first")
-    p.add_argument("--status", choices=["queued", "running", *TERMINAL])
+    p.add_argument("--status", choices=list(Status))
     p.add_argument("--op")
     p.add_argument("--device")
     p.add_argument("--tag")

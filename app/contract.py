@@ -30,6 +30,14 @@ class Status(StrEnum):
 FINISHED = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED})
 
 
+class WorkerState(StrEnum):
+    """What a registered worker is doing; ``stopped`` once it said it exits."""
+
+    IDLE = "idle"
+    BUSY = "busy"
+    STOPPED = "stopped"
+
+
 class ErrorType(StrEnum):
     """Why an experiment failed, stable for programs to act on."""
 
@@ -76,7 +84,17 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
-class MemoryFigures(_Model):
+class _AllocatorFigures(_Model):
+    allocated_before: int
+    allocated_after: int
+    allocated_peak: int
+    reserved_before: int
+    reserved_after: int
+    reserved_peak: int
+    delta_allocated: int
+
+
+class MemoryFigures(_AllocatorFigures):
     """The op's figures (for a scenario: from its first step to its last), in bytes.
 
     ``allocated_*`` and ``reserved_*`` come from the caching allocator on CUDA and from
@@ -85,13 +103,6 @@ class MemoryFigures(_Model):
     PyTorch's pinned host allocator; they are null where they do not apply.
     """
 
-    allocated_before: int
-    allocated_after: int
-    allocated_peak: int
-    reserved_before: int
-    reserved_after: int
-    reserved_peak: int
-    delta_allocated: int
     host_rss_before: int
     host_rss_after: int
     device_used_before: int | None = None
@@ -141,6 +152,8 @@ class Timing(_Model):
 
 
 class Environment(_Model):
+    """Where it ran: versions, host, GPU, allocator settings."""
+
     torch: str | None = None
     cuda: str | None = None
     cudnn: int | None = None
@@ -151,7 +164,7 @@ class Environment(_Model):
     gpu_total_memory: int | None = None
     driver: str | None = None
     allocator_conf: str | None = None
-    device: str
+    device: str | None = None
 
 
 class TensorPrediction(_Model):
@@ -283,6 +296,24 @@ class Result(_Model):
     # What the op itself reported (modules, autograd, sections, dtype support): op-specific.
     details: dict[str, Any] | None = None
     steps: list[Step] | None = None
+
+
+class SnapshotFigures(_AllocatorFigures):
+    """An imported snapshot's figures, replayed from its trace: no host RSS was recorded."""
+
+    host_rss_before: None = None
+    host_rss_after: None = None
+
+
+class SnapshotResult(_Model):
+    """What the API stores for an imported memory snapshot (not a worker's report)."""
+
+    memory: SnapshotFigures
+    environment: dict[str, Any] = Field(default_factory=dict)
+    snapshot: dict[str, Any] = Field(
+        description="the import's summary: peak, blocks alive at it, categories, segments "
+        "(GET /v1/snapshots/{id} types it)"
+    )
 
 
 class Outcome(_Model):

@@ -17,6 +17,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from app import errors
 from app.api.body_limit import BodyLimit
 from app.api.edge import Edge
+from app.api.openapi import TAGS, operation_id
 from app.api.routes import (
     catalog,
     compare,
@@ -35,7 +36,8 @@ from app.api.routes import (
 )
 from app.core.config import Settings, get_settings
 from app.core.db import Database
-from app.services import auth
+from app.models.base import utcnow
+from app.services import auth, reaper
 from app.services.metrics import QueueCollector
 from app.services.signals import Replicas, WorkSignal
 
@@ -66,6 +68,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.signal.bind(asyncio.get_running_loop())
         _say_how_auth_stands(app.state.db, settings)
+        housekeeping = asyncio.create_task(
+            reaper.run(app.state.db, settings, lambda: app.state.clock(), app.state.signal)
+        )
         # Replicas on one PostgreSQL database wake each other's waiting claims.
         listener = None
         if not app.state.db.is_sqlite:
@@ -75,12 +80,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # in the middle of a request (they cost tens of ms of tail latency on a listing).
         gc.collect()
         gc.freeze()
-        yield
-        if listener is not None:
-            listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await listener
-        app.state.db.dispose()
+        try:
+            yield
+        finally:
+            for task in (housekeeping, listener):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+            app.state.db.dispose()
 
     app = FastAPI(
         title="vramlab",
@@ -92,8 +100,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         redoc_url=None,
         # Every failure can take the one error shape; document it on every operation.
         responses=errors.ERROR_RESPONSES,
+        generate_unique_id_function=operation_id,
+        openapi_tags=TAGS,
     )
     app.state.settings = settings
+    # Every "now" of the API (requests, claims, housekeeping); tests replace it.
+    app.state.clock = utcnow
     pool_size, max_overflow = settings.pool
     app.state.db = Database(
         settings.database_url,
@@ -109,7 +121,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.snapshot_slots = threading.BoundedSemaphore(settings.snapshot_imports_at_once)
     # Each app its own registry: tests run several apps in one process.
     app.state.metrics = CollectorRegistry(auto_describe=False)
-    app.state.metrics.register(QueueCollector(app.state.db, settings))
+    app.state.metrics.register(QueueCollector(app.state.db, settings, lambda: app.state.clock()))
     errors.install(app)
     app.add_middleware(
         BodyLimit,

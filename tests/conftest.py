@@ -8,6 +8,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import httpx
@@ -18,6 +19,7 @@ from sqlalchemy import create_engine, text
 from app.core.config import Settings, normalise_database_url
 from app.core.migrate import upgrade
 from app.main import create_app
+from app.models.base import utcnow
 
 POSTGRES_URL = os.environ.get(
     "VRAMLAB_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -88,13 +90,28 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class Clock:
+    """A clock that tests move instead of sleeping: the app's every "now" reads it."""
+
+    def __init__(self) -> None:
+        self.now = utcnow()
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
 class LiveServer:
     """The API under a real uvicorn, in a thread of the test process."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, clock: Clock | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.app = create_app(settings)
+        if clock is not None:
+            self.app.state.clock = clock
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)

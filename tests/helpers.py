@@ -4,6 +4,8 @@ from typing import Any
 
 import httpx
 
+from app.contract import MEMORY_KEYS
+
 ADD = {"op": "add", "shape": [1000, 1000], "dtype": "float32", "device": "cpu"}
 MATMUL = {
     "op": "matmul",
@@ -18,20 +20,7 @@ CUDA_CAPS: dict[str, Any] = {
     "gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "total_memory": 80 * 2**30}],
     "torch": "test",
 }
-MEMORY = {
-    name: 0
-    for name in (
-        "allocated_before",
-        "allocated_after",
-        "allocated_peak",
-        "reserved_before",
-        "reserved_after",
-        "reserved_peak",
-        "delta_allocated",
-        "host_rss_before",
-        "host_rss_after",
-    )
-}
+MEMORY = dict.fromkeys(MEMORY_KEYS, 0)
 
 
 def submit(

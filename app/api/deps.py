@@ -7,7 +7,7 @@ the request's session, and the few handlers that wait (long-polling claims, snap
 imports) resolve the caller in a short session of its own and open theirs only after it
 is closed."""
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -21,7 +21,6 @@ from app.core.config import Settings
 from app.core.db import Database
 from app.errors import Forbidden, Unauthorized
 from app.models import Experiment, Worker
-from app.models.base import utcnow
 from app.services import auth, experiments, sessions, workers
 from app.services.signals import WorkSignal
 
@@ -68,13 +67,21 @@ async def session(
         s.close()
 
 
-async def now() -> datetime:
-    return utcnow()
+async def get_clock(request: Request) -> Callable[[], datetime]:
+    """The app's clock (``app.state.clock``): tests move it instead of sleeping."""
+    clock: Callable[[], datetime] = request.app.state.clock
+    return clock
+
+
+async def now(clock: Annotated[Callable[[], datetime], Depends(get_clock)]) -> datetime:
+    return clock()
 
 
 SessionDep = Annotated[Session, Depends(session, scope="function")]
+DatabaseDep = Annotated[Database, Depends(get_db)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SignalDep = Annotated[WorkSignal, Depends(get_signal)]
+ClockDep = Annotated[Callable[[], datetime], Depends(get_clock)]
 NowDep = Annotated[datetime, Depends(now)]
 
 
@@ -110,7 +117,7 @@ def _resolve(
     required = auth.auth_required(s, settings)
     if cookie:
         key: bytes = request.app.state.session_key
-        found = sessions.principal(s, key, cookie, utcnow())
+        found = sessions.principal(s, key, cookie, request.app.state.clock())
         if found is not None:
             if changes:
                 check_same_site(request, settings, required=True)

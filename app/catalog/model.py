@@ -10,6 +10,7 @@ from typing import Any, Literal
 from app.catalog.devices import canonical_device, parse_device
 from app.catalog.dtypes import COMPLEX_DTYPES, DTYPES, FLOATING_DTYPES, itemsize
 from app.catalog.rounding import rounded_block_bytes
+from app.contract import Prediction, TensorPrediction
 
 MAX_DIMS = 8
 MAX_DIM_SIZE = 2**31 - 1
@@ -189,20 +190,21 @@ class TensorPlan:
         on_device_in = sum(t.block_bytes for t in self.inputs if t.device == device)
         on_device_out = sum(t.block_bytes for t in self.outputs if t.device == device)
         on_host = sum(t.nbytes for t in (*self.inputs, *self.outputs) if t.device == "cpu")
-        return {
-            "label": "prediction",
-            "device": device,
-            "allocated_before": on_device_in,
-            "delta_allocated": on_device_out,
-            "allocated_after": on_device_in + on_device_out,
-            "host_tensor_bytes": on_host,
-            "inputs": [t.as_dict() for t in self.inputs],
-            "outputs": [t.as_dict() for t in self.outputs],
-            "rounding": "CUDA blocks rounded up to 512 bytes" if device != "cpu" else "none",
-            "devices": list(self.devices),
-            "exact": self.exact,
-            "caveats": list(self.caveats),
-        }
+        prediction = Prediction(
+            label="prediction",
+            device=device,
+            allocated_before=on_device_in,
+            delta_allocated=on_device_out,
+            allocated_after=on_device_in + on_device_out,
+            host_tensor_bytes=on_host,
+            inputs=[TensorPrediction.model_validate(t.as_dict()) for t in self.inputs],
+            outputs=[TensorPrediction.model_validate(t.as_dict()) for t in self.outputs],
+            rounding="CUDA blocks rounded up to 512 bytes" if device != "cpu" else "none",
+            devices=list(self.devices),
+            exact=self.exact,
+            caveats=list(self.caveats),
+        )
+        return prediction.model_dump(exclude_unset=True)
 
 
 PlanFn = Callable[[tuple[int, ...], Mapping[str, Any], str, str], TensorPlan]

@@ -21,6 +21,7 @@ from app.catalog.dtypes import DTYPES, fill_problem
 from app.catalog.model import CatalogError, OpEntry, Param, TensorPlan, TensorSpec, check_shape
 from app.catalog.rounding import rounded_block_bytes
 from app.catalog.shapes import broadcast, matmul_shape, norm_dim
+from app.contract import Prediction, StepPrediction
 
 MAX_TOP_STEPS = 64
 MAX_WRITTEN_STEPS = 500  # step objects in a spec, repeat bodies included
@@ -512,24 +513,30 @@ def plan_scenario(steps: Any, dtype: str, device: str) -> ScenarioPlan:
         "temporaries inside a step, library workspaces and the allocator's segments "
         "are measured, not predicted",
     ]
-    prediction = {
-        "label": "prediction",
-        "device": device,
-        "allocated_before": 0,
-        "delta_allocated": finals,
-        "allocated_after": finals,
-        "peak_named_bytes": state.peak,
-        "host_tensor_bytes": state.live("cpu"),
-        "inputs": [],
-        "outputs": [],
-        "steps": per_step,
-        "rounding": "CUDA blocks rounded up to 512 bytes" if device != "cpu" else "none",
-        "devices": sorted(devices),
-        "exact": False,
-        "caveats": caveats,
-    }
+    prediction = Prediction(
+        label="prediction",
+        device=device,
+        allocated_before=0,
+        delta_allocated=finals,
+        allocated_after=finals,
+        peak_named_bytes=state.peak,
+        host_tensor_bytes=state.live("cpu"),
+        inputs=[],
+        outputs=[],
+        steps=[StepPrediction.model_validate(s) for s in per_step],
+        rounding="CUDA blocks rounded up to 512 bytes" if device != "cpu" else "none",
+        devices=sorted(devices),
+        exact=False,
+        caveats=caveats,
+    )
     return ScenarioPlan(
-        steps, tuple(sorted(devices)), state.peak, total, prediction, state.work, state.planned
+        steps,
+        tuple(sorted(devices)),
+        state.peak,
+        total,
+        prediction.model_dump(exclude_unset=True),
+        state.work,
+        state.planned,
     )
 
 

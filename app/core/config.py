@@ -32,6 +32,8 @@ class Settings(BaseSettings):
     claim_wait_seconds: float = 20.0
     # While a claim waits, how often it looks again (expired leases, other replicas).
     claim_poll_seconds: float = 2.0
+    # How often the API itself settles expired leases (a background task).
+    lease_check_seconds: float = Field(default=5.0, gt=0)
     # A worker counts as live while its last heartbeat is younger than this.
     worker_live_seconds: float = 60.0
     # The tensors a spec predicts (inputs and outputs) may not pass this many bytes.

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import BigInteger, ForeignKey, Index, String, Text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
+from app import contract
 from app.models.base import Base, utcnow
 
 if TYPE_CHECKING:
@@ -16,8 +17,6 @@ if TYPE_CHECKING:
 class Experiment(Base):
     __tablename__ = "experiments"
     __table_args__ = (
-        # The claim query: queued work in priority order, oldest first.
-        Index("ix_experiments_queue", "status", "priority", "created_at"),
         Index("ix_experiments_lease", "status", "lease_expires_at"),
         Index("ix_experiments_created", "created_at", "id"),
         # A submitter's queued experiments, counted against the cap on each submit.
@@ -49,7 +48,6 @@ class Experiment(Base):
     allocator: Mapped[dict[str, Any]]
     trace_mode: Mapped[str] = mapped_column(String(8))
     priority: Mapped[int] = mapped_column(default=0)
-    predicted_bytes: Mapped[int] = mapped_column(BigInteger)
     prediction: Mapped[dict[str, Any]]
     # A scenario: named-tensor steps instead of one op (None for a single op).
     steps: Mapped[list[Any] | None] = mapped_column(default=None)
@@ -70,9 +68,11 @@ class Experiment(Base):
         ForeignKey("workers.id", ondelete="SET NULL"), default=None
     )
     cancel_requested: Mapped[bool] = mapped_column(default=False)
-    progress: Mapped[dict[str, Any] | None] = mapped_column(default=None)
 
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # When it (last) became claimable: its creation, or when an expired lease requeued it
+    # (so a requeued experiment waits behind those queued before it, at its priority).
+    available_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
 
@@ -89,5 +89,29 @@ class Experiment(Base):
     )
 
     @property
+    def predicted(self) -> contract.Prediction | None:
+        """The catalog's prediction; None for an imported snapshot (nothing was planned)."""
+        return contract.Prediction.model_validate(self.prediction) if self.prediction else None
+
+    @property
+    def measured(self) -> contract.Result | contract.SnapshotResult | None:
+        """The stored result as the contract's model (validated when it was reported)."""
+        if self.result is None:
+            return None
+        if self.kind == "snapshot":
+            return contract.SnapshotResult.model_validate(self.result.data)
+        return contract.Result.model_validate(self.result.data)
+
+    @property
     def tags(self) -> list[str]:
         return [row.tag for row in self.tag_rows]
+
+
+# The claim's order: queued work by priority, then the longest available first.
+Index(
+    "ix_experiments_claim",
+    Experiment.status,
+    Experiment.priority.desc(),
+    Experiment.available_at,
+    Experiment.id,
+)

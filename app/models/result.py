@@ -21,7 +21,6 @@ class Result(Base):
     worker_id: Mapped[str | None] = mapped_column(String(36), default=None)
     attempt: Mapped[int]
     data: Mapped[dict[str, Any]]
-    trace_events: Mapped[int] = mapped_column(default=0)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
     experiment: Mapped["Experiment"] = relationship(back_populates="result")

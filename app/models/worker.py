@@ -19,7 +19,8 @@ class Worker(Base):
     capabilities: Mapped[dict[str, Any]]
     registered_at: Mapped[datetime] = mapped_column(default=utcnow)
     last_seen_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
-    state: Mapped[str] = mapped_column(String(16), default="idle")
-    current_experiment_id: Mapped[str | None] = mapped_column(String(36), default=None)
     # The token that registered it (None: the open service): only that token may act as it.
     registered_by: Mapped[str | None] = mapped_column(String(36), default=None)
+    # Set when the worker says it exits (POST /v1/worker/stop). Whether it is busy, and
+    # with what, is read from the experiments it leases, never kept twice.
+    stopped_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -1,32 +1,16 @@
 """What the API says about an experiment."""
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from app.contract import ErrorInfo, Prediction, Result, SnapshotResult, Status
 from app.schemas.spec import ExperimentSpec
 
-Status = Literal["queued", "running", "succeeded", "failed", "cancelled"]
-ErrorType = Literal[
-    "invalid_spec",
-    "unsupported_on_device",
-    "device_mismatch",
-    "autograd_error",
-    "oom",
-    "memory_limit",
-    "crashed",
-    "timeout",
-    "lost",
-    "internal",
-]
 
-
-class ExperimentError(BaseModel):
-    type: ErrorType
-    message: str
-    hint: str | None = None
-    details: dict[str, Any] | None = None
+class ExperimentError(ErrorInfo):
+    """Why the experiment failed: ``type`` is stable for programs to act on."""
 
 
 class QueueInfo(BaseModel):
@@ -52,12 +36,16 @@ class ExperimentOut(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     cancel_requested: bool = False
-    progress: dict[str, Any] | None = None
     queue: QueueInfo | None = None
-    prediction: dict[str, Any] = Field(description="bytes predicted by the catalog (a prediction)")
+    prediction: Prediction | None = Field(
+        default=None,
+        description="bytes predicted by the catalog (a prediction); null for a snapshot",
+    )
     preset: str | None = Field(default=None, description="the preset it was queued from")
-    result: dict[str, Any] | None = Field(
-        default=None, description="what was measured; result.memory holds integer byte counts"
+    result: Result | SnapshotResult | None = Field(
+        default=None,
+        description="what was measured; result.memory holds integer byte counts (a snapshot's "
+        "figures are replayed from its trace, with no host RSS)",
     )
     error: ExperimentError | None = None
 

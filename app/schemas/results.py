@@ -1,12 +1,12 @@
 """Responses about results: the peak, sweeps and comparisons."""
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, Field
 
+from app.contract import ErrorType, Status
 from app.schemas.data import AS_DATA, DataDict
-from app.schemas.experiment import Status
 
 
 class BlockOut(BaseModel):
@@ -56,6 +56,9 @@ class SweepIn(BaseModel):
 
 
 class SweepRow(BaseModel):
+    # Which point this is; the other fields are its figures (the CSV's columns).
+    IDENTITY: ClassVar[tuple[str, ...]] = ("index", "experiment_id", "status", "values")
+
     index: int
     experiment_id: str
     status: Status
@@ -65,7 +68,7 @@ class SweepRow(BaseModel):
     reserved_peak: int | None = None
     predicted_delta: int | None = None
     time_s: float | None = None
-    error_type: str | None = None
+    error_type: ErrorType | None = None
 
 
 class SweepOut(BaseModel):

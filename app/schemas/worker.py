@@ -13,9 +13,9 @@ from pydantic import (
     model_validator,
 )
 
+from app.contract import Outcome, WorkerState
 from app.schemas import data
-from app.schemas.data import NO_NUL, TEXT_PATTERN, DataDict
-from app.schemas.experiment import ErrorType
+from app.schemas.data import TEXT_PATTERN
 
 # What a real host can have: the largest GPUs hold under 2 TiB, hosts show at most 16.
 MAX_GPU_MEMORY = 2**41
@@ -83,6 +83,10 @@ class ClaimRequest(BaseModel):
     wait_s: float = Field(default=20.0, ge=0, le=60)
 
 
+class StopRequest(BaseModel):
+    worker_id: str = Field(max_length=36)
+
+
 class ClaimedExperiment(BaseModel):
     id: str
     attempt: int
@@ -113,6 +117,7 @@ Progress = Annotated[dict[str, Any], data.AS_DATA, AfterValidator(_progress)]
 
 
 class HeartbeatRequest(LeaseRequest):
+    # Older workers send a constant here: still checked as bounded data, no longer kept.
     progress: Progress | None = None
 
 
@@ -121,50 +126,16 @@ class HeartbeatResponse(BaseModel):
     cancel_requested: bool
 
 
-class WorkerError(BaseModel):
-    type: ErrorType
-    message: str = Field(max_length=20_000, pattern=NO_NUL)
-    hint: str | None = Field(default=None, max_length=5_000, pattern=NO_NUL)
-    details: DataDict | None = None
+class OutcomeRequest(LeaseRequest, Outcome):
+    """The contract's outcome, with the lease it is reported under. The whole of it is
+    checked as data first (finite numbers, storable text, bounded nesting)."""
 
-
-class MemoryFigures(BaseModel):
-    """The contract's byte counts: every succeeded result carries them as integers."""
-
-    model_config = ConfigDict(extra="allow")
-
-    allocated_before: int
-    allocated_after: int
-    allocated_peak: int
-    reserved_before: int
-    reserved_after: int
-    reserved_peak: int
-    delta_allocated: int
-    host_rss_before: int
-    host_rss_after: int
-
-
-class ResultIn(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    memory: MemoryFigures
-
-
-class OutcomeRequest(LeaseRequest):
-    status: Literal["succeeded", "failed", "cancelled"]
-    result: DataDict | None = None
-    error: WorkerError | None = None
-    trace_events: int = Field(default=0, ge=0, le=10**9)
-
-    @model_validator(mode="after")
-    def _consistent(self) -> "OutcomeRequest":
-        if self.status == "succeeded":
-            if self.result is None:
-                raise ValueError("a succeeded outcome needs a result")
-            ResultIn.model_validate(self.result)
-        if self.status == "failed" and self.error is None:
-            raise ValueError("a failed outcome needs an error")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _as_data(cls, value: Any) -> Any:
+        if (why := data.problem(value)) is not None:
+            raise ValueError(why)
+        return value
 
 
 class WorkerOut(BaseModel):
@@ -172,7 +143,7 @@ class WorkerOut(BaseModel):
     name: str
     hostname: str
     capabilities: dict[str, Any]
-    state: str
+    state: WorkerState
     live: bool
     current_experiment_id: str | None
     registered_at: datetime

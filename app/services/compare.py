@@ -4,6 +4,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from app.contract import MEMORY_KEYS, Result, SnapshotResult, Status
 from app.errors import InvalidSpec
 from app.models import Experiment
 from app.plots.chart import human_bytes
@@ -12,17 +13,6 @@ from app.services import experiments
 from app.services.figures import label
 
 MAX_IDS = 10
-MEMORY_KEYS = (
-    "allocated_before",
-    "allocated_after",
-    "allocated_peak",
-    "delta_allocated",
-    "reserved_before",
-    "reserved_after",
-    "reserved_peak",
-    "host_rss_before",
-    "host_rss_after",
-)
 
 
 def parse_ids(ids: str) -> list[str]:
@@ -39,24 +29,30 @@ def load(session: Session, ids: list[str]) -> list[Experiment]:
 
 
 def figures(exp: Experiment) -> dict[str, float | int | None]:
-    data = exp.result.data if exp.result is not None else {}
-    memory = data.get("memory") or {}
-    timing = data.get("timing") or {}
+    measured, predicted = exp.measured, exp.predicted
+    memory = measured.memory.model_dump() if measured is not None else {}
+    timing = measured.timing if isinstance(measured, Result) else None
     out: dict[str, float | int | None] = {k: memory.get(k) for k in MEMORY_KEYS}
-    out["predicted_delta"] = exp.prediction.get("delta_allocated")
-    out["time_s"] = timing.get("median_s")
+    out["predicted_delta"] = predicted.delta_allocated if predicted is not None else None
+    out["time_s"] = timing.median_s if timing is not None else None
     return out
 
 
 def environment(exp: Experiment) -> dict[str, Any]:
-    env = (exp.result.data.get("environment") or {}) if exp.result is not None else {}
-    return env if isinstance(env, dict) else {}
+    measured = exp.measured
+    if isinstance(measured, SnapshotResult):
+        return measured.environment
+    if measured is None or measured.environment is None:
+        return {}
+    return measured.environment.model_dump(exclude_unset=True)
 
 
 def category_bytes(exp: Experiment) -> dict[str, int] | None:
     """A snapshot's bytes alive at the peak by inferred category; None for an experiment."""
-    data = exp.result.data if exp.result is not None else {}
-    rows = (data.get("snapshot") or {}).get("categories")
+    measured = exp.measured
+    if not isinstance(measured, SnapshotResult):
+        return None
+    rows = measured.snapshot.get("categories")
     if not rows:
         return None
     return {r["category"]: int(r["bytes"]) for r in rows}
@@ -102,7 +98,7 @@ def compare(exps: list[Experiment]) -> CompareOut:
         CompareItem(
             id=e.id,
             kind=e.kind,
-            status=e.status,  # type: ignore[arg-type]
+            status=Status(e.status),
             label=label(e),
             spec=experiments.to_out(e).spec.model_dump(),
             figures=figures(e),

@@ -12,17 +12,18 @@ from sqlalchemy import ColumnElement, and_, exists, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from app.contract import Status
 from app.core.config import Settings
 from app.errors import ApiError, Conflict, NotFound, TooManyRequests
 from app.models import Experiment, ExperimentTag
 from app.schemas.data import STORED
 from app.schemas.experiment import ExperimentError, ExperimentOut, QueueInfo
 from app.schemas.spec import ExperimentSpec
-from app.services import workers
+from app.services import queue, workers
 from app.services.signals import WorkSignal
 from app.services.specs import AcceptedSpec
 
-TERMINAL = ("succeeded", "failed", "cancelled")
+CANCEL_TRIES = 3
 
 
 def submit(
@@ -88,7 +89,7 @@ def columns(
     s = accepted.spec
     return {
         "id": str(uuid.uuid4()),
-        "status": "queued",
+        "status": Status.QUEUED,
         "op": s.op,
         "shape": list(s.shape),
         "params": s.params,
@@ -104,9 +105,9 @@ def columns(
         "allocator": s.allocator.model_dump(exclude_none=True),
         "trace_mode": s.trace,
         "priority": s.priority,
-        "predicted_bytes": accepted.predicted_bytes,
         "prediction": accepted.prediction,
         "created_at": now,
+        "available_at": now,
         "steps": s.steps,
         "preset": preset,
         "sweep_id": sweep_id,
@@ -122,7 +123,7 @@ def check_quota(
     mine = (
         select(Experiment.id)
         .where(
-            Experiment.status == "queued",
+            Experiment.status == Status.QUEUED,
             who.is_(None) if submitted_by is None else who == submitted_by,
         )
         # Counting stops past the cap: a long queue costs no more than the cap to check.
@@ -188,20 +189,33 @@ def get(session: Session, experiment_id: str) -> Experiment:
 
 
 def cancel(session: Session, exp: Experiment, now: datetime) -> Experiment:
-    """Cancel at once if queued; if running, ask its worker to stop (it reports back)."""
-    if exp.status in TERMINAL:
-        raise Conflict(f"experiment {exp.id} is already {exp.status}")
-    if exp.status == "queued":
-        exp.status = "cancelled"
-        exp.finished_at = now
+    """Cancel at once if queued; if running, ask its worker to stop (it reports back).
+
+    Each step is a compare-and-set on the status it expects: a claim that commits
+    between the look-up and the write makes the first one miss, and the second one asks
+    the new worker to stop instead of overwriting its lease.
+    """
+    for _ in range(CANCEL_TRIES):
+        if queue.transition(
+            session, exp.id, Status.QUEUED, status=Status.CANCELLED, finished_at=now
+        ):
+            break
+        if queue.transition(session, exp.id, Status.RUNNING, cancel_requested=True):
+            break
+        current = session.scalar(select(Experiment.status).where(Experiment.id == exp.id))
+        if current is None:
+            raise NotFound(f"no experiment {exp.id!r}")
+        if Status(current).finished:
+            raise Conflict(f"experiment {exp.id} is already {current}")
     else:
-        exp.cancel_requested = True
+        raise Conflict(f"experiment {exp.id} keeps changing state; try again")
+    session.refresh(exp)
     return exp
 
 
 @dataclass(frozen=True)
 class Filters:
-    status: Sequence[str] | None = None
+    status: Sequence[Status] | None = None
     op: str | None = None
     device: str | None = None
     tag: str | None = None
@@ -303,10 +317,9 @@ def queue_info(session: Session, exp: Experiment, settings: Settings, now: datet
 def off_prediction(out: ExperimentOut) -> str | None:
     """A few words when the measured delta is far from the catalog's prediction (more than
     a quarter and more than 1 MiB apart), for the list page to flag; else None."""
-    memory = (out.result or {}).get("memory") or {}
-    measured, predicted = memory.get("delta_allocated"), out.prediction.get("delta_allocated")
-    if not isinstance(measured, int) or not isinstance(predicted, int):
+    if out.result is None or out.prediction is None:
         return None
+    measured, predicted = out.result.memory.delta_allocated, out.prediction.delta_allocated
     gap = measured - predicted
     if abs(gap) <= max(2**20, abs(predicted) // 4):
         return None
@@ -355,7 +368,7 @@ def to_out(exp: Experiment, queue: QueueInfo | None = None) -> ExperimentOut:
         id=exp.id,
         kind=exp.kind,  # type: ignore[arg-type]
         name=exp.name,
-        status=exp.status,  # type: ignore[arg-type]
+        status=Status(exp.status),
         spec=spec,
         attempts=exp.attempts,
         worker_id=exp.worker_id,
@@ -364,10 +377,9 @@ def to_out(exp: Experiment, queue: QueueInfo | None = None) -> ExperimentOut:
         started_at=exp.started_at,
         finished_at=exp.finished_at,
         cancel_requested=exp.cancel_requested,
-        progress=exp.progress,
         queue=queue,
-        prediction=exp.prediction,
+        prediction=exp.predicted,
         preset=exp.preset,
-        result=exp.result.data if exp.result is not None else None,
+        result=exp.measured,
         error=error,
     )

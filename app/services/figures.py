@@ -57,7 +57,7 @@ def _peak(session: Session, exp: Experiment, top: int) -> PeakOut:
         if found is not None:
             alive_blocks = replay.alive_at(traces.iter_events(session, exp.id), found.index)
         alive, alive_count = [_block_out(b) for b in alive_blocks[:top]], len(alive_blocks)
-    memory = (exp.result.data.get("memory") or {}) if exp.result is not None else {}
+    measured = exp.measured
     return PeakOut(
         experiment_id=exp.id,
         events=n_events,
@@ -73,7 +73,7 @@ def _peak(session: Session, exp: Experiment, top: int) -> PeakOut:
         alive_at_peak=alive,
         alive_count=alive_count,
         largest=largest,
-        measured_allocated_peak=memory.get("allocated_peak"),
+        measured_allocated_peak=measured.memory.allocated_peak if measured is not None else None,
     )
 
 

@@ -4,25 +4,25 @@ The queue lives in the database, so its gauges are counted there on each scrape:
 API replica reports the same figures, and nothing is kept in process memory.
 """
 
-from collections.abc import Iterator
-from datetime import timedelta
+from collections.abc import Callable, Iterator
+from datetime import datetime
 
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
 
+from app.contract import Status
 from app.core.config import Settings
 from app.core.db import Database
-from app.models import Experiment, Worker
-from app.models.base import utcnow
-
-STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+from app.models import Experiment
+from app.services import workers
 
 
 class QueueCollector(Collector):
-    def __init__(self, db: Database, settings: Settings) -> None:
+    def __init__(self, db: Database, settings: Settings, clock: Callable[[], datetime]) -> None:
         self.db = db
         self.settings = settings
+        self.clock = clock
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         experiments = GaugeMetricFamily(
@@ -31,7 +31,9 @@ class QueueCollector(Collector):
         failures = GaugeMetricFamily(
             "vramlab_experiments_failed", "Failed experiments by error type", labels=["type"]
         )
-        workers = GaugeMetricFamily("vramlab_workers_live", "Workers that sent a heartbeat lately")
+        live_workers = GaugeMetricFamily(
+            "vramlab_workers_live", "Workers that sent a heartbeat lately"
+        )
         imported = GaugeMetricFamily("vramlab_snapshots", "Imported memory snapshots")
         with self.db.session(write=False) as s:
             by_status = dict(
@@ -44,20 +46,17 @@ class QueueCollector(Collector):
             snapshots = s.scalar(select(func.count()).where(Experiment.kind == "snapshot"))
             by_error = s.execute(
                 select(Experiment.error_type, func.count())
-                .where(Experiment.status == "failed")
+                .where(Experiment.status == Status.FAILED)
                 .group_by(Experiment.error_type)
             ).all()
-            cutoff = utcnow() - timedelta(seconds=self.settings.worker_live_seconds)
-            live = s.scalar(
-                select(func.count()).where(Worker.last_seen_at >= cutoff, Worker.state != "stopped")
-            )
-        for status in STATUSES:
+            live = workers.count_live(s, self.clock(), self.settings.worker_live_seconds)
+        for status in Status:
             experiments.add_metric([status], by_status.get(status, 0))
         for error_type, n in by_error:
             failures.add_metric([error_type or "unknown"], n)
-        workers.add_metric([], live or 0)
+        live_workers.add_metric([], live)
         imported.add_metric([], snapshots or 0)
         yield experiments
         yield imported
         yield failures
-        yield workers
+        yield live_workers

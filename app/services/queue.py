@@ -1,24 +1,37 @@
-"""The queue: claims as leases, heartbeats, outcomes. The database is the queue.
+"""The queue: claims as leases, heartbeats, outcomes, expiry. The database is the queue.
 
-A claim is one transaction. On PostgreSQL the candidate row is taken with
-``FOR UPDATE SKIP LOCKED``, so concurrent claimers never wait on each other nor take
-the same row; on SQLite the whole transaction holds the write lock (``BEGIN
-IMMEDIATE``). Expired leases go back to the queue inside the claim itself.
+Every state change is one conditional UPDATE on the status it expects (and, once
+claimed, the lease token), and the row count says whether it happened: nothing reads a
+row, decides in Python and writes it back, so two changes that race (a cancel and a
+claim, a late report and an expiry) cannot both win. On PostgreSQL the claim's
+candidate is taken with ``FOR UPDATE SKIP LOCKED`` so that concurrent claimers pass
+each other; on SQLite the transaction holds the write lock (``BEGIN IMMEDIATE``).
+
+Expired leases are settled by the API's own housekeeping task (``settle``, run from
+the app's lifespan) and again inside each claim as a backstop. A requeued experiment
+goes to the back of its priority (``available_at``), so one that kills its workers is
+not retaken first every time.
 """
 
 import secrets
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import delete, select, update
+from sqlalchemy import CursorResult, Select, delete, select, update
 from sqlalchemy.orm import Session
 
+from app.contract import ErrorType, Status
 from app.core.config import Settings
 from app.errors import LeaseLost
 from app.models import Experiment, Result, TraceChunk, Worker
 from app.schemas.worker import OutcomeRequest
 from app.services import workers
+
+# A claim whose candidate was taken by someone else between its SELECT and its UPDATE
+# (SQLite never; PostgreSQL only when a cancel wins the row) looks again this often.
+CLAIM_TRIES = 3
+_NO_LEASE: dict[str, Any] = {"lease_token": None, "lease_expires_at": None}
 
 
 @dataclass(frozen=True)
@@ -27,135 +40,170 @@ class Claim:
     lease_token: str
 
 
-def expire_leases(session: Session, now: datetime, max_attempts: int) -> None:
+def transition(
+    session: Session,
+    experiment_id: str,
+    expected: Status,
+    token: str | None = None,
+    **values: Any,
+) -> bool:
+    """Compare-and-set: change the experiment only if it is still ``expected`` (and
+    leased under ``token`` when given). True if it changed."""
+    stmt = update(Experiment).where(Experiment.id == experiment_id, Experiment.status == expected)
+    if token is not None:
+        stmt = stmt.where(Experiment.lease_token == token)
+    result = session.execute(stmt.values(**values).execution_options(synchronize_session=False))
+    return cast(CursorResult[Any], result).rowcount == 1
+
+
+def _reload(session: Session, experiment_id: str) -> Experiment:
+    stmt = select(Experiment).where(Experiment.id == experiment_id)
+    exp = session.scalars(stmt.execution_options(populate_existing=True)).one()
+    return exp
+
+
+def _lease_lost(session: Session, experiment_id: str) -> LeaseLost:
+    status = session.scalar(select(Experiment.status).where(Experiment.id == experiment_id))
+    return LeaseLost(
+        f"this lease no longer owns experiment {experiment_id} (it is {status or 'gone'}); "
+        "drop the work: another attempt owns it or it has ended"
+    )
+
+
+def expire_leases(session: Session, now: datetime, max_attempts: int) -> int:
     """Expired leases: cancel what was being cancelled, fail what used every attempt as
-    `lost`, and put the rest back in the queue."""
-    expired = (Experiment.status == "running", Experiment.lease_expires_at < now)
-    cleared: dict[str, Any] = {"lease_token": None, "lease_expires_at": None}
-    session.execute(
-        update(Experiment)
-        .where(*expired, Experiment.cancel_requested.is_(True))
-        .values(status="cancelled", finished_at=now, **cleared)
-    )
-    session.execute(
-        update(Experiment)
-        .where(*expired, Experiment.attempts >= max_attempts)
-        .values(
-            status="failed",
-            finished_at=now,
-            error_type="lost",
-            error_message=(
-                f"the worker's lease expired {max_attempts} time(s): "
-                "its worker died or lost contact while running it"
-            ),
-            error_hint="a crash that takes the worker down repeats; check the worker's log",
-            **cleared,
-        )
-    )
-    session.execute(
-        update(Experiment).where(*expired).values(status="queued", worker_id=None, **cleared)
+    `lost`, and put the rest at the back of the queue. Returns how many were settled."""
+    expired = (Experiment.status == Status.RUNNING, Experiment.lease_expires_at < now)
+    settled = 0
+    for where, values in (
+        (
+            (Experiment.cancel_requested.is_(True),),
+            {"status": Status.CANCELLED, "finished_at": now},
+        ),
+        (
+            (Experiment.attempts >= max_attempts,),
+            {
+                "status": Status.FAILED,
+                "finished_at": now,
+                "error_type": ErrorType.LOST,
+                "error_message": (
+                    f"the worker's lease expired {max_attempts} time(s): "
+                    "its worker died or lost contact while running it"
+                ),
+                "error_hint": "a crash that takes the worker down repeats; check the worker's log",
+            },
+        ),
+        ((), {"status": Status.QUEUED, "worker_id": None, "available_at": now}),
+    ):
+        stmt = update(Experiment).where(*expired, *where).values(**values, **_NO_LEASE)
+        result = session.execute(stmt.execution_options(synchronize_session=False))
+        settled += cast(CursorResult[Any], result).rowcount
+    return settled
+
+
+def next_candidate(capabilities: dict[str, Any]) -> Select[str]:
+    """The queued experiment a worker with these capabilities takes next; the order is
+    that of the index ``ix_experiments_claim``."""
+    return (
+        select(Experiment.id)
+        .where(Experiment.status == Status.QUEUED, workers.runnable_clause(capabilities))
+        .order_by(Experiment.priority.desc(), Experiment.available_at, Experiment.id)
+        .limit(1)
     )
 
 
 def claim(session: Session, worker: Worker, settings: Settings, now: datetime) -> Claim | None:
     expire_leases(session, now, settings.max_attempts)
-    stmt = (
-        select(Experiment)
-        .where(Experiment.status == "queued", workers.runnable_clause(worker.capabilities))
-        .order_by(Experiment.priority.desc(), Experiment.created_at, Experiment.id)
-        .limit(1)
-    )
+    workers.seen(session, worker.id, now)
+    stmt = next_candidate(worker.capabilities)
     if session.get_bind().dialect.name == "postgresql":
         stmt = stmt.with_for_update(skip_locked=True, of=Experiment)
-    exp = session.scalars(stmt).first()
-    worker.last_seen_at = now
-    if exp is None:
-        worker.state = "idle"
-        worker.current_experiment_id = None
-        return None
-    token = secrets.token_hex(16)
-    exp.status = "running"
-    exp.attempts += 1
-    exp.lease_token = token
-    exp.lease_expires_at = now + timedelta(seconds=settings.lease_seconds)
-    exp.worker_id = worker.id
-    exp.started_at = now
-    exp.progress = None
-    worker.state = "busy"
-    worker.current_experiment_id = exp.id
-    # A trace left by an earlier attempt whose lease expired belongs to no result.
-    session.execute(delete(TraceChunk).where(TraceChunk.experiment_id == exp.id))
-    return Claim(exp, token)
+    for _ in range(CLAIM_TRIES):
+        exp_id = session.scalars(stmt).first()
+        if exp_id is None:
+            return None
+        token = secrets.token_hex(16)
+        if transition(
+            session,
+            exp_id,
+            Status.QUEUED,
+            status=Status.RUNNING,
+            attempts=Experiment.attempts + 1,
+            lease_token=token,
+            lease_expires_at=now + timedelta(seconds=settings.lease_seconds),
+            worker_id=worker.id,
+            started_at=now,
+        ):
+            # A trace left by an earlier attempt whose lease expired belongs to no result.
+            session.execute(delete(TraceChunk).where(TraceChunk.experiment_id == exp_id))
+            return Claim(_reload(session, exp_id), token)
+    return None
 
 
 def owned(session: Session, experiment_id: str, token: str) -> Experiment:
-    """The running experiment this token leases, locked for the rest of the transaction."""
+    """The running experiment this token leases, locked for the rest of the transaction
+    (a guard for work that is not a state change, such as storing a trace chunk)."""
     stmt = select(Experiment).where(Experiment.id == experiment_id)
     if session.get_bind().dialect.name == "postgresql":
         stmt = stmt.with_for_update()
     exp = session.scalars(stmt).first()
-    if exp is None or exp.status != "running" or exp.lease_token != token:
-        state = "gone" if exp is None else exp.status
-        raise LeaseLost(
-            f"this lease no longer owns experiment {experiment_id} (it is {state}); "
-            "drop the work: another attempt owns it or it has ended"
-        )
+    if exp is None or exp.status != Status.RUNNING or exp.lease_token != token:
+        raise _lease_lost(session, experiment_id)
     return exp
-
-
-def _touch_worker(session: Session, exp: Experiment, now: datetime, *, done: bool) -> None:
-    if exp.worker_id is None:
-        return
-    worker = session.get(Worker, exp.worker_id)
-    if worker is not None:
-        worker.last_seen_at = now
-        if done:
-            worker.state = "idle"
-            worker.current_experiment_id = None
 
 
 def heartbeat(
-    session: Session,
-    exp: Experiment,
-    progress: dict[str, Any] | None,
-    settings: Settings,
-    now: datetime,
+    session: Session, experiment_id: str, token: str, settings: Settings, now: datetime
 ) -> Experiment:
-    exp.lease_expires_at = now + timedelta(seconds=settings.lease_seconds)
-    if progress is not None:
-        exp.progress = progress
-    _touch_worker(session, exp, now, done=False)
+    """Extend the lease; the reply carries whether a cancel was asked for."""
+    if not transition(
+        session,
+        experiment_id,
+        Status.RUNNING,
+        token,
+        lease_expires_at=now + timedelta(seconds=settings.lease_seconds),
+    ):
+        raise _lease_lost(session, experiment_id)
+    exp = _reload(session, experiment_id)
+    if exp.worker_id is not None:
+        workers.seen(session, exp.worker_id, now)
     return exp
 
 
-def release(session: Session, exp: Experiment, now: datetime) -> Experiment:
+def release(session: Session, experiment_id: str, token: str, now: datetime) -> Experiment:
     """A worker gives work back unrun (it is shutting down): no attempt is counted."""
-    exp.status = "queued"
-    exp.attempts = max(0, exp.attempts - 1)
-    exp.lease_token = None
-    exp.lease_expires_at = None
-    exp.worker_id = None
-    exp.progress = None
-    _touch_worker(session, exp, now, done=True)
-    return exp
+    worker_id = session.scalar(select(Experiment.worker_id).where(Experiment.id == experiment_id))
+    if not transition(
+        session,
+        experiment_id,
+        Status.RUNNING,
+        token,
+        status=Status.QUEUED,
+        attempts=Experiment.attempts - 1,
+        worker_id=None,
+        **_NO_LEASE,
+    ):
+        raise _lease_lost(session, experiment_id)
+    if worker_id is not None:
+        workers.seen(session, worker_id, now)
+    return _reload(session, experiment_id)
 
 
-def finish(session: Session, exp: Experiment, req: OutcomeRequest, now: datetime) -> Experiment:
-    exp.status = req.status
-    exp.finished_at = now
-    exp.lease_token = None
-    exp.lease_expires_at = None
+def finish(session: Session, experiment_id: str, req: OutcomeRequest, now: datetime) -> Experiment:
+    values: dict[str, Any] = {"status": req.status, "finished_at": now, **_NO_LEASE}
     if req.error is not None:
-        exp.error_type = req.error.type
-        exp.error_message = req.error.message
-        exp.error_hint = req.error.hint
-        exp.error_details = req.error.details
+        values |= {
+            "error_type": req.error.type,
+            "error_message": req.error.message,
+            "error_hint": req.error.hint,
+            "error_details": req.error.details,
+        }
+    if not transition(session, experiment_id, Status.RUNNING, req.lease_token, **values):
+        raise _lease_lost(session, experiment_id)
+    exp = _reload(session, experiment_id)
     if req.result is not None:
-        exp.result = Result(
-            worker_id=exp.worker_id,
-            attempt=exp.attempts,
-            data=req.result,
-            trace_events=req.trace_events,
-        )
-    _touch_worker(session, exp, now, done=True)
+        data = req.result.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        exp.result = Result(worker_id=exp.worker_id, attempt=exp.attempts, data=data)
+    if exp.worker_id is not None:
+        workers.seen(session, exp.worker_id, now)
     return exp

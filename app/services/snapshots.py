@@ -198,9 +198,9 @@ def store(
         timeout_s=1.0,
         allocator={},
         trace_mode="stacks" if has_frames else "events",
-        predicted_bytes=0,
         prediction={},
         created_at=now,
+        available_at=now,
         started_at=now,
         finished_at=now,
         tag_rows=[ExperimentTag(tag=t) for t in dict.fromkeys(tags)],
@@ -217,7 +217,6 @@ def store(
                 "environment": summary.get("environment") or {},
                 "snapshot": summary,
             },
-            trace_events=summary["events"],
             created_at=now,
         )
     )

@@ -21,7 +21,6 @@ class AcceptedSpec:
     spec: ExperimentSpec  # params filled, device canonical
     device_type: str
     gpus_needed: int  # how many GPUs a worker needs: the highest cuda index named, plus one
-    predicted_bytes: int
     prediction: dict[str, Any]
     plan_steps: int = 0  # steps a scenario's planning ran one by one (0: one op, or cached)
 
@@ -120,7 +119,6 @@ def accept(
         spec=accepted,
         device_type="cuda" if cuda_indexes else "cpu",
         gpus_needed=max(cuda_indexes) + 1 if cuda_indexes else 0,
-        predicted_bytes=plan.total_bytes,
         prediction=plan.prediction,
         plan_steps=plan.planned,
     )

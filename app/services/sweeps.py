@@ -22,6 +22,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
 from app.catalog.scenario import MAX_PLANNED_STEPS
+from app.contract import ErrorType, Result, Status
 from app.core.config import Settings
 from app.errors import InvalidSpec, NotFound
 from app.models import Experiment, ExperimentTag, Sweep
@@ -36,7 +37,6 @@ MAX_POINTS = 1000
 # A sweep's points may together cost the planner what four of the slowest scenarios do.
 MAX_SWEEP_PLANNED_STEPS = 4 * MAX_PLANNED_STEPS
 MAX_VALUES = 200
-STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
 TOP_LEVEL = ("shape", "dtype", "device", "repeat", "warmup", "trace")
 
 
@@ -183,13 +183,13 @@ def create(
         spec=sweep.spec,
         grid=sweep.grid,
         n_points=sweep.n_points,
-        progress={**dict.fromkeys(STATUSES, 0), "queued": len(rows)},
+        progress={**dict.fromkeys(Status, 0), Status.QUEUED: len(rows)},
         done=not rows,
         rows=[
             SweepRow(
                 index=i,
                 experiment_id=r["id"],
-                status="queued",
+                status=Status.QUEUED,
                 values={k: _read(SimpleNamespace(**r), k) for k in keys},
                 predicted_delta=r["prediction"].get("delta_allocated"),
             )
@@ -225,24 +225,24 @@ def progress(session: Session, sweep: Sweep) -> dict[str, int]:
         .group_by(Experiment.status)
     )
     counts = Counter({status: int(n) for status, n in session.execute(stmt)})
-    return {s: counts.get(s, 0) for s in STATUSES}
+    return {s: counts.get(s, 0) for s in Status}
 
 
 def row(index: int, exp: Experiment, keys: list[str]) -> SweepRow:
-    data = exp.result.data if exp.result is not None else {}
-    memory = data.get("memory") or {}
-    timing = data.get("timing") or {}
+    measured, predicted = exp.measured, exp.predicted
+    memory = measured.memory if measured is not None else None
+    timing = measured.timing if isinstance(measured, Result) else None
     return SweepRow(
         index=index,
         experiment_id=exp.id,
-        status=exp.status,  # type: ignore[arg-type]
+        status=Status(exp.status),
         values={k: _read(exp, k) for k in keys},
-        delta_allocated=memory.get("delta_allocated"),
-        allocated_peak=memory.get("allocated_peak"),
-        reserved_peak=memory.get("reserved_peak"),
-        predicted_delta=exp.prediction.get("delta_allocated"),
-        time_s=timing.get("median_s"),
-        error_type=exp.error_type,
+        delta_allocated=memory.delta_allocated if memory is not None else None,
+        allocated_peak=memory.allocated_peak if memory is not None else None,
+        reserved_peak=memory.reserved_peak if memory is not None else None,
+        predicted_delta=predicted.delta_allocated if predicted is not None else None,
+        time_s=timing.median_s if timing is not None else None,
+        error_type=ErrorType(exp.error_type) if exp.error_type is not None else None,
     )
 
 
@@ -256,7 +256,7 @@ def read(session: Session, sweep: Sweep) -> SweepOut:
         grid=sweep.grid,
         n_points=sweep.n_points,
         progress=counts,
-        done=counts["queued"] + counts["running"] == 0,
+        done=counts[Status.QUEUED] + counts[Status.RUNNING] == 0,
         rows=[row(i, e, keys) for i, e in enumerate(members(session, sweep))],
     )
 
@@ -269,14 +269,7 @@ def _cell(value: Any) -> Any:
 
 def to_csv(out: SweepOut) -> str:
     keys = list(out.grid)
-    figures = [
-        "delta_allocated",
-        "allocated_peak",
-        "reserved_peak",
-        "predicted_delta",
-        "time_s",
-        "error_type",
-    ]
+    figures = [name for name in SweepRow.model_fields if name not in SweepRow.IDENTITY]
     buf = io.StringIO()
     writer = csv.writer(buf)
     writer.writerow(["index", "experiment_id", "status", *keys, *figures])
@@ -325,11 +318,11 @@ def chart(out: SweepOut) -> Chart:
     for name, rows in groups.items():
         rows = sorted(rows, key=x_of)
         for figure, suffix, dashed in (
-            ("allocated_peak", "peak", False),
-            ("delta_allocated", "delta", False),
-            ("predicted_delta", "predicted delta", True),
+            (lambda r: r.allocated_peak, "peak", False),
+            (lambda r: r.delta_allocated, "delta", False),
+            (lambda r: r.predicted_delta, "predicted delta", True),
         ):
-            pts = [(x_of(r), getattr(r, figure)) for r in rows if getattr(r, figure) is not None]
+            pts = [(x_of(r), figure(r)) for r in rows if figure(r) is not None]
             if pts:
                 result.lines.append(
                     Line(

@@ -1,12 +1,18 @@
-"""Workers: registration, liveness, and which experiments a worker can run."""
+"""Workers: registration, liveness, and which experiments a worker can run.
+
+A worker's state is derived: ``stopped`` once it said it exits, ``busy`` while it
+leases a running experiment, ``idle`` otherwise.
+"""
 
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, func, literal, or_, select
+from sqlalchemy import ColumnElement, and_, func, literal, or_, select, update
 from sqlalchemy.orm import Session
 
+from app.contract import Status, WorkerState
 from app.errors import NotFound
 from app.models import Experiment, Worker
 from app.schemas.worker import RegisterRequest
@@ -24,16 +30,18 @@ def register(
         capabilities=req.capabilities.model_dump(),
         registered_at=now,
         last_seen_at=now,
-        state="idle",
     )
     session.add(worker)
     return worker
 
 
 def get(session: Session, worker_id: str) -> Worker:
+    """A worker that may claim work: registered and not stopped."""
     worker = session.get(Worker, worker_id)
     if worker is None:
         raise NotFound(f"no worker {worker_id!r}: register again")
+    if worker.stopped_at is not None:
+        raise NotFound(f"worker {worker_id!r} said it stopped: register again")
     return worker
 
 
@@ -47,23 +55,71 @@ def get_for(session: Session, worker_id: str, who: Principal) -> Worker:
     worker = session.get(Worker, worker_id)
     if worker is None or not may_act_as(who, worker):
         raise NotFound(f"no worker {worker_id!r} of this token: register again")
+    if worker.stopped_at is not None:
+        raise NotFound(f"worker {worker_id!r} said it stopped: register again")
     return worker
 
 
+def seen(session: Session, worker_id: str, now: datetime) -> None:
+    stmt = update(Worker).where(Worker.id == worker_id).values(last_seen_at=now)
+    session.execute(stmt.execution_options(synchronize_session=False))
+
+
+def stop(session: Session, worker_id: str, who: Principal, now: datetime) -> None:
+    """The worker exits: it stops counting as live at once. Saying it twice is fine."""
+    worker = session.get(Worker, worker_id)
+    if worker is None or not may_act_as(who, worker):
+        raise NotFound(f"no worker {worker_id!r} of this token")
+    stmt = (
+        update(Worker)
+        .where(Worker.id == worker_id, Worker.stopped_at.is_(None))
+        .values(stopped_at=now, last_seen_at=now)
+    )
+    session.execute(stmt.execution_options(synchronize_session=False))
+
+
+def _live_clause(now: datetime, live_seconds: float) -> ColumnElement[bool]:
+    cutoff = now - timedelta(seconds=live_seconds)
+    return and_(Worker.last_seen_at >= cutoff, Worker.stopped_at.is_(None))
+
+
 def is_live(worker: Worker, now: datetime, live_seconds: float) -> bool:
-    return worker.state != "stopped" and worker.last_seen_at >= now - timedelta(
+    return worker.stopped_at is None and worker.last_seen_at >= now - timedelta(
         seconds=live_seconds
     )
 
 
-def list_all(session: Session) -> list[Worker]:
-    return list(session.scalars(select(Worker).order_by(Worker.last_seen_at.desc())))
-
-
 def live(session: Session, now: datetime, live_seconds: float) -> list[Worker]:
-    cutoff = now - timedelta(seconds=live_seconds)
-    stmt = select(Worker).where(Worker.last_seen_at >= cutoff, Worker.state != "stopped")
-    return list(session.scalars(stmt))
+    return list(session.scalars(select(Worker).where(_live_clause(now, live_seconds))))
+
+
+def count_live(session: Session, now: datetime, live_seconds: float) -> int:
+    stmt = select(func.count()).select_from(Worker).where(_live_clause(now, live_seconds))
+    return session.scalar(stmt) or 0
+
+
+@dataclass(frozen=True)
+class WorkerView:
+    worker: Worker
+    state: WorkerState
+    current_experiment_id: str | None
+
+
+def list_all(session: Session) -> list[WorkerView]:
+    rows = list(session.scalars(select(Worker).order_by(Worker.last_seen_at.desc())))
+    stmt = select(Experiment.worker_id, Experiment.id).where(
+        Experiment.status == Status.RUNNING, Experiment.worker_id.in_([w.id for w in rows])
+    )
+    running = {worker_id: exp_id for worker_id, exp_id in session.execute(stmt)}
+    out = []
+    for w in rows:
+        current = running.get(w.id)
+        if w.stopped_at is not None:
+            state = WorkerState.STOPPED
+        else:
+            state = WorkerState.BUSY if current is not None else WorkerState.IDLE
+        out.append(WorkerView(w, state, current))
+    return out
 
 
 def default_device(session: Session, now: datetime, live_seconds: float) -> str:

@@ -11,7 +11,17 @@ import httpx
 
 from tests.api.test_auth import bearer, create_token
 from tests.conftest import LiveServer, make_settings
-from tests.helpers import ADD, CPU_CAPS, CUDA_CAPS, MATMUL, claim, register, submit, succeed
+from tests.helpers import (
+    ADD,
+    CPU_CAPS,
+    CUDA_CAPS,
+    MATMUL,
+    MEMORY,
+    claim,
+    register,
+    submit,
+    succeed,
+)
 
 
 def test_claim_matches_capabilities(client: httpx.Client) -> None:
@@ -87,11 +97,12 @@ def test_failure_is_recorded_with_its_type(client: httpx.Client) -> None:
         "lease_token": got["lease_token"],
         "status": "failed",
         "error": {"type": "oom", "message": "CUDA out of memory", "hint": "smaller shape"},
-        "result": {"memory": {"allocated_before": 5}},
+        "result": {"memory": {**MEMORY, "allocated_before": 5}},
     }
     assert client.post(f"/v1/worker/experiments/{got['id']}/result", json=body).status_code == 200
     done = client.get(f"/v1/experiments/{exp['id']}").json()
     assert done["status"] == "failed"
+    assert done["result"]["memory"]["allocated_before"] == 5
     assert done["error"] == {
         "type": "oom",
         "message": "CUDA out of memory",
@@ -164,25 +175,6 @@ def test_trace_upload_and_read_back(client: httpx.Client) -> None:
     streamed = client.get(trace, params={"format": "ndjson"})
     assert streamed.headers["content-type"].startswith("application/x-ndjson")
     assert [json.loads(line)["seq"] for line in streamed.text.splitlines()] == list(range(50))
-
-
-def test_expired_lease_goes_back_then_fails_as_lost(database_url: str) -> None:
-    settings = make_settings(database_url, lease_seconds=0.3, max_attempts=2)
-    with LiveServer(settings) as live, httpx.Client(base_url=live.url) as client:
-        exp = submit(client)
-        worker = register(client)
-        first = claim(client, worker)
-        assert first is not None and first["attempt"] == 1
-        time.sleep(0.5)
-        second = claim(client, worker)
-        assert second is not None and second["id"] == exp["id"] and second["attempt"] == 2
-        # The first lease is dead: its late report is refused, the re-run stands.
-        assert succeed(client, first).status_code == 409
-        time.sleep(0.5)
-        assert claim(client, worker) is None
-        lost = client.get(f"/v1/experiments/{exp['id']}").json()
-        assert lost["status"] == "failed" and lost["error"]["type"] == "lost"
-        assert lost["attempts"] == 2
 
 
 def test_release_puts_it_back_without_an_attempt(client: httpx.Client) -> None:
@@ -310,8 +302,7 @@ def test_every_field_a_worker_sends_is_bounded(client: httpx.Client) -> None:
         assert beat.status_code == 422, (str(progress)[:60], beat.text[:200])
     fine = {"state": "running", "repeat": 2, "of": 3}
     beat = client.post(url, json={"lease_token": got["lease_token"], "progress": fine})
-    assert beat.status_code == 200
-    assert client.get(f"/v1/experiments/{exp['id']}").json()["progress"] == fine
+    assert beat.status_code == 200  # checked, then not kept: nothing reads it
     nan = b'{"lease_token": "%s", "progress": {"at": NaN}}' % got["lease_token"].encode()
     beat = client.post(url, content=nan, headers={"Content-Type": "application/json"})
     assert beat.status_code == 422

@@ -41,9 +41,12 @@ def test_a_spec_without_a_device_runs_where_a_live_worker_can(client: httpx.Clie
     on_gpu = client.post("/v1/experiments", json=README_SPEC).json()
     assert on_gpu["spec"]["device"] == "cuda:0"
     # A device named in the spec is kept, whatever the workers offer.
-    assert client.post("/v1/experiments", json={**README_SPEC, "device": "cpu"}).json()[
-        "spec"
-    ]["device"] == "cpu"
+    assert (
+        client.post("/v1/experiments", json={**README_SPEC, "device": "cpu"}).json()["spec"][
+            "device"
+        ]
+        == "cpu"
+    )
 
 
 def test_a_sweep_without_a_device_takes_the_live_workers_device(client: httpx.Client) -> None:

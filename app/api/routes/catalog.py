@@ -7,13 +7,19 @@ from fastapi import APIRouter
 from app.api.deps import SettingsDep, require
 from app.catalog import DTYPES, OPS
 from app.core.config import Settings
+from app.schemas.catalog import CatalogOut
 
 router = APIRouter(prefix="/v1", tags=["catalog"], dependencies=[require("read")])
 
 
-@router.get("/catalog", summary="Ops, their parameters, dtypes and devices")
-def catalog(settings: SettingsDep) -> dict[str, Any]:
-    return listing(settings)
+@router.get(
+    "/catalog",
+    response_model=CatalogOut,
+    response_model_exclude_none=True,
+    summary="Ops, their parameters, dtypes and devices",
+)
+def catalog(settings: SettingsDep) -> CatalogOut:
+    return CatalogOut.model_validate(listing(settings))
 
 
 def listing(settings: Settings) -> dict[str, Any]:

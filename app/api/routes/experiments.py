@@ -13,9 +13,10 @@ from app.api.deps import (
     get_db,
     require,
 )
+from app.contract import Status
 from app.core.db import Database
 from app.errors import ERROR_RESPONSES
-from app.schemas.experiment import ExperimentOut, ExperimentPage, Status
+from app.schemas.experiment import ExperimentOut, ExperimentPage
 from app.schemas.spec import ExperimentSpec
 from app.services import auth, experiments
 from app.services.auth import Principal
@@ -67,7 +68,7 @@ def submit(
     )
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
-    queue = experiments.queue_info(s, exp, settings, now) if exp.status == "queued" else None
+    queue = experiments.queue_info(s, exp, settings, now) if exp.status == Status.QUEUED else None
     return experiments.to_out(exp, queue)
 
 
@@ -109,7 +110,7 @@ def list_experiments(
     dependencies=[require("read")],
 )
 def read(exp: ExperimentDep, s: SessionDep, settings: SettingsDep, now: NowDep) -> ExperimentOut:
-    queue = experiments.queue_info(s, exp, settings, now) if exp.status == "queued" else None
+    queue = experiments.queue_info(s, exp, settings, now) if exp.status == Status.QUEUED else None
     return experiments.to_out(exp, queue)
 
 

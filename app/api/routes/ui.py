@@ -16,10 +16,10 @@ from fastapi.templating import Jinja2Templates
 
 from app.api.deps import ExperimentDep, NowDep, SessionDep, SettingsDep, SignalDep, require
 from app.api.routes.catalog import listing as catalog_listing
-from app.errors import ApiError, NotFound
+from app.contract import Status
+from app.errors import ApiError, Conflict, NotFound
 from app.plots import html
 from app.plots.chart import human_bytes
-from app.schemas.experiment import Status
 from app.schemas.preset import PresetRun
 from app.services import compare, experiments, figures, presets, snapshots, sweeps, workers
 from app.services.auth import Principal
@@ -34,6 +34,7 @@ TEMPLATES.env.globals["off_prediction"] = experiments.off_prediction
 TEMPLATES.env.globals["chart_js"] = (
     html.SCRIPT.strip().removeprefix("<script>").removesuffix("</script>")
 )
+TEMPLATES.env.globals["Status"] = Status
 TEMPLATES.env.filters["telling"] = telling_frames
 router = APIRouter(prefix="/ui", include_in_schema=False, dependencies=[require("read")])
 EXAMPLE_SPEC = '{\n  "op": "add",\n  "shape": [1000, 1000],\n  "dtype": "float32"\n}'
@@ -68,7 +69,7 @@ def index(
         items=[experiments.to_out(e) for e in rows],
         next_cursor=next_cursor,
         filters={"status": status or "", "op": op or "", "device": device or "", "tag": tag or ""},
-        statuses=["queued", "running", "succeeded", "failed", "cancelled"],
+        statuses=list(Status),
         sweeps=sweeps.recent(s, 10),
     )
 
@@ -128,8 +129,9 @@ def cancel(
     now: NowDep,
     _who: Annotated[Principal, require("submit")],
 ) -> RedirectResponse:
-    if exp.status not in experiments.TERMINAL:
-        experiments.cancel(s, exp, now)
+    if not Status(exp.status).finished:
+        with contextlib.suppress(Conflict):  # it ended meanwhile: the page shows how
+            experiments.cancel(s, exp, now)
     return RedirectResponse(f"/ui/experiments/{exp.id}", status_code=303)
 
 
@@ -137,10 +139,10 @@ def cancel(
 def experiment(
     request: Request, exp: ExperimentDep, s: SessionDep, settings: SettingsDep, now: NowDep
 ) -> HTMLResponse:
-    queue = experiments.queue_info(s, exp, settings, now) if exp.status == "queued" else None
+    queue = experiments.queue_info(s, exp, settings, now) if exp.status == Status.QUEUED else None
     out = experiments.to_out(exp, queue)
     chart = peak = None
-    if exp.status in experiments.TERMINAL:
+    if out.status.finished:
         try:
             chart = html.fragment(figures.timeline(s, exp))
             peak = figures.peak(s, exp, 10)

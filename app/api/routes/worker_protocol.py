@@ -5,28 +5,30 @@ experiment gets 409 ``lease_lost``, so a worker presumed dead never overwrites a
 """
 
 import asyncio
+from collections.abc import Callable
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Path, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import (
+    ClockDep,
+    DatabaseDep,
     NowDep,
     PrincipalDep,
     SessionDep,
     SettingsDep,
+    SignalDep,
     WorkerOwnsExperiment,
-    get_db,
-    get_settings,
-    get_signal,
     principal_apart,
     require,
 )
+from app.api.openapi import WORKER_TAG
 from app.core.config import Settings
 from app.core.db import Database
 from app.errors import ERROR_RESPONSES
 from app.models import Experiment
-from app.models.base import utcnow
 from app.schemas.worker import (
     ClaimedExperiment,
     ClaimRequest,
@@ -36,12 +38,13 @@ from app.schemas.worker import (
     OutcomeRequest,
     RegisterRequest,
     RegisterResponse,
+    StopRequest,
 )
 from app.services import experiments, queue, traces, workers
 from app.services.auth import Principal
-from app.services.signals import WorkSignal, wait_for
+from app.services.signals import wait_for
 
-router = APIRouter(prefix="/v1/worker", tags=["worker protocol"], responses=ERROR_RESPONSES)
+router = APIRouter(prefix="/v1/worker", tags=[WORKER_TAG], responses=ERROR_RESPONSES)
 # Every call needs the worker scope: checked here for register and the claim (whose
 # caller is looked up apart: it holds no session while it waits), and with the ownership
 # of the experiment for the calls on a claimed one (WorkerOwnsExperiment).
@@ -76,10 +79,12 @@ def _check_owner(db: Database, worker_id: str, who: Principal) -> None:
         workers.get_for(s, worker_id, who)
 
 
-def _try_claim(db: Database, worker_id: str, settings: Settings) -> ClaimedExperiment | None:
+def _try_claim(
+    db: Database, worker_id: str, settings: Settings, clock: Callable[[], datetime]
+) -> ClaimedExperiment | None:
     with db.session() as s:
         worker = workers.get(s, worker_id)
-        claim = queue.claim(s, worker, settings, utcnow())
+        claim = queue.claim(s, worker, settings, clock())
         if claim is None:
             return None
         exp = claim.experiment
@@ -103,9 +108,10 @@ def _try_claim(db: Database, worker_id: str, settings: Settings) -> ClaimedExper
 async def claim(
     req: ClaimRequest,
     request: Request,
-    db: Annotated[Database, Depends(get_db)],
-    settings: Annotated[Settings, Depends(get_settings)],
-    signal: Annotated[WorkSignal, Depends(get_signal)],
+    db: DatabaseDep,
+    settings: SettingsDep,
+    signal: SignalDep,
+    clock: ClockDep,
     who: Annotated[Principal, Depends(principal_apart)],  # holds no session while it waits
 ) -> ClaimedExperiment | Response:
     await run_in_threadpool(_check_owner, db, req.worker_id, who)
@@ -115,7 +121,7 @@ async def claim(
         woken = signal.current()  # taken before looking, so no wake-up slips between
         if await request.is_disconnected():
             return Response(status_code=204)
-        claimed = await run_in_threadpool(_try_claim, db, req.worker_id, settings)
+        claimed = await run_in_threadpool(_try_claim, db, req.worker_id, settings, clock)
         if claimed is not None:
             return claimed
         remaining = deadline - loop.time()
@@ -139,9 +145,7 @@ def heartbeat(
     settings: SettingsDep,
     now: NowDep,
 ) -> HeartbeatResponse:
-    exp = queue.heartbeat(
-        s, queue.owned(s, experiment_id, req.lease_token), req.progress, settings, now
-    )
+    exp = queue.heartbeat(s, experiment_id, req.lease_token, settings, now)
     assert exp.lease_expires_at is not None
     return HeartbeatResponse(
         lease_expires_at=exp.lease_expires_at, cancel_requested=exp.cancel_requested
@@ -168,8 +172,8 @@ async def upload_trace(
     seq: Annotated[int, Path(ge=0, le=100_000)],
     request: Request,
     x_lease_token: Annotated[str, Header(max_length=64)],
-    db: Annotated[Database, Depends(get_db)],
-    settings: Annotated[Settings, Depends(get_settings)],
+    db: DatabaseDep,
+    settings: SettingsDep,
 ) -> dict[str, int]:
     body = bytearray()
     async for part in request.stream():
@@ -193,7 +197,7 @@ async def upload_trace(
 def result(
     experiment_id: ExperimentId, req: OutcomeRequest, s: SessionDep, now: NowDep
 ) -> dict[str, str]:
-    exp = queue.finish(s, queue.owned(s, experiment_id, req.lease_token), req, now)
+    exp = queue.finish(s, experiment_id, req, now)
     return {"id": exp.id, "status": exp.status}
 
 
@@ -205,5 +209,16 @@ def result(
 def release(
     experiment_id: ExperimentId, req: LeaseRequest, s: SessionDep, now: NowDep
 ) -> dict[str, str]:
-    exp = queue.release(s, queue.owned(s, experiment_id, req.lease_token), now)
+    exp = queue.release(s, experiment_id, req.lease_token, now)
     return {"id": exp.id, "status": exp.status}
+
+
+@router.post(
+    "/stop",
+    status_code=204,
+    dependencies=WORKER,
+    summary="Say this worker exits: it stops counting as live at once",
+)
+def stop(req: StopRequest, s: SessionDep, now: NowDep, who: PrincipalDep) -> Response:
+    workers.stop(s, req.worker_id, who, now)
+    return Response(status_code=204)

@@ -13,15 +13,15 @@ router = APIRouter(prefix="/v1/workers", tags=["workers"], dependencies=[require
 def list_workers(s: SessionDep, settings: SettingsDep, now: NowDep) -> list[WorkerOut]:
     return [
         WorkerOut(
-            id=w.id,
-            name=w.name,
-            hostname=w.hostname,
-            capabilities=w.capabilities,
-            state=w.state,
-            live=workers.is_live(w, now, settings.worker_live_seconds),
-            current_experiment_id=w.current_experiment_id,
-            registered_at=w.registered_at,
-            last_seen_at=w.last_seen_at,
+            id=v.worker.id,
+            name=v.worker.name,
+            hostname=v.worker.hostname,
+            capabilities=v.worker.capabilities,
+            state=v.state,
+            live=workers.is_live(v.worker, now, settings.worker_live_seconds),
+            current_experiment_id=v.current_experiment_id,
+            registered_at=v.worker.registered_at,
+            last_seen_at=v.worker.last_seen_at,
         )
-        for w in workers.list_all(s)
+        for v in workers.list_all(s)
     ]
