@@ -57,7 +57,9 @@ class ErrorType(StrEnum):
 
 
 # Failures whose figures are a result worth keeping (the others carry only the error).
-KEEPS_RESULT = frozenset({ErrorType.OOM, ErrorType.DEVICE_MISMATCH, ErrorType.AUTOGRAD_ERROR})
+KEEPS_RESULT = frozenset(
+    {ErrorType.OOM, ErrorType.MEMORY_LIMIT, ErrorType.DEVICE_MISMATCH, ErrorType.AUTOGRAD_ERROR}
+)
 
 # -- limits the API enforces on an outcome (the worker checks them before sending) -------
 MAX_ERROR_MESSAGE_CHARS = 20_000
@@ -165,6 +167,10 @@ class Environment(_Model):
     driver: str | None = None
     allocator_conf: str | None = None
     device: str | None = None
+    # Set by the worker's runner: how many experiments shared this device at once, and how
+    # this one's process started (a warm spare, forked cold, or a fresh interpreter).
+    concurrent: int | None = None
+    child_start: Literal["warm_spare", "forked", "fresh_interpreter"] | None = None
 
 
 class TensorPrediction(_Model):

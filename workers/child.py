@@ -26,6 +26,8 @@ import torch
 import torch._dynamo
 import torch.profiler
 
+from app import contract
+from app.contract import KEEPS_RESULT, ErrorType, Status
 from workers import allocator, limits, notes, scenario, sections
 from workers.errors import OpFailure, call, classify, error, oom_details
 from workers.measure import Meter, fill_from_events
@@ -50,9 +52,6 @@ def _register_cuda_ops_early() -> None:
 
 
 _register_cuda_ops_early()
-
-# Failures whose figures are results worth keeping (the others carry only the error).
-_KEEP_RESULT = ("oom", "memory_limit", "device_mismatch", "autograd_error")
 
 
 @dataclass
@@ -145,16 +144,19 @@ def main(
         payload = run_experiment(
             spec, Path(trace_path) if trace_path else None, t0_ns, prepared, stages
         )
+        # What the API will accept, checked here: a field nobody declared is our bug.
+        payload = contract.Outcome.model_validate(payload).wire()
     except BaseException as exc:  # a bug of ours: report it rather than die silently
+        message = (str(exc) or type(exc).__name__)[: contract.MAX_ERROR_MESSAGE_CHARS]
         payload = {
-            "status": "failed",
+            "status": Status.FAILED,
             "result": None,
             "trace_events": 0,
             "error": error(
-                "internal",
-                exc,
+                ErrorType.INTERNAL,
+                Exception(message),
                 "a bug in vramlab's worker; please report it",
-                {"traceback": traceback.format_exc()},
+                {"traceback": traceback.format_exc()[-contract.MAX_ERROR_MESSAGE_CHARS :]},
             ),
         }
     if torch.cuda.is_initialized():
@@ -186,7 +188,7 @@ def run_experiment(
         stages.mark("init_device")
     if prepared.error is not None:
         return {
-            "status": "failed",
+            "status": Status.FAILED,
             "result": None,
             "trace_events": 0,
             "error": classify(prepared.error, spec),
@@ -236,9 +238,20 @@ def run_experiment(
     if details:
         result["details"] = details
     err = body.error
-    if err is not None and err["type"] in ("oom", "memory_limit"):
+    if err is not None and err["type"] in (ErrorType.OOM, ErrorType.MEMORY_LIMIT):
         err["details"] = {**oom_details(err["message"], meter.phases), **err["details"]}
-    result["notes"] = notes.write(spec, result, trace.events, err, init_rss)
+    figures = result["memory"]
+    if figures is None:
+        # The device did not answer after the failure: there are no figures to keep.
+        if err is None:
+            err = error(
+                ErrorType.INTERNAL,
+                RuntimeError("the allocator's figures could not be read after the run"),
+                "a bug in vramlab's worker; please report it",
+                {},
+            )
+        return {"status": Status.FAILED, "result": None, "error": err, "trace_events": 0}
+    result["notes"] = notes.write(spec, result, figures, trace.events, err, init_rss)
     stages.mark("notes")
     count = 0
     if spec.get("trace", "events") == "none":
@@ -248,9 +261,9 @@ def run_experiment(
         count = write_events(trace_path, trace.events)
     stages.mark("trace_write")
     if err is not None:
-        kept = result if err["type"] in _KEEP_RESULT or is_scenario else None
-        return {"status": "failed", "result": kept, "error": err, "trace_events": count}
-    return {"status": "succeeded", "result": result, "error": None, "trace_events": count}
+        kept = result if err["type"] in KEEPS_RESULT or is_scenario else None
+        return {"status": Status.FAILED, "result": kept, "error": err, "trace_events": count}
+    return {"status": Status.SUCCEEDED, "result": result, "error": None, "trace_events": count}
 
 
 def execute_op(spec: dict[str, Any], device: torch.device, meter: Meter, tracer: Tracer) -> Body:

@@ -51,8 +51,8 @@ class ApiClient:
         data: dict[str, Any] = self._check(response).json()
         return data
 
-    def heartbeat(self, exp_id: str, token: str, progress: dict[str, Any] | None) -> dict[str, Any]:
-        body = {"lease_token": token, "progress": progress}
+    def heartbeat(self, exp_id: str, token: str) -> dict[str, Any]:
+        body = {"lease_token": token}
         path = f"/v1/worker/experiments/{exp_id}/heartbeat"
         data: dict[str, Any] = self._check(self.http.post(path, json=body)).json()
         return data

@@ -1,4 +1,4 @@
-"""Failures inside an op, as error dicts of our types (app/schemas/experiment.py)."""
+"""Failures inside an op, as error dicts of the contract's types (app/contract.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from app.contract import ErrorType
 from workers import limits
 from workers.measure import PhaseRecord
 
@@ -43,7 +44,7 @@ def call(fn: Any, *args: Any) -> Any:
 
 
 def error(
-    kind: str, exc: BaseException, hint: str | None, details: dict[str, Any]
+    kind: ErrorType, exc: BaseException, hint: str | None, details: dict[str, Any]
 ) -> dict[str, Any]:
     return {
         "type": kind,
@@ -64,7 +65,7 @@ def classify(
         if capped is not None:
             return capped
         failed = error(
-            "oom", exc, "use a smaller shape or dtype, or free memory on the device", name
+            ErrorType.OOM, exc, "use a smaller shape or dtype, or free memory on the device", name
         )
         device = torch.device(str(spec.get("device", "cpu")))
         if device.type == "cuda":
@@ -74,7 +75,7 @@ def classify(
     if any(p in message for p in _DEVICE_MISMATCH):
         devices = (extras or {}).get("input_devices") or {}
         return error(
-            "device_mismatch",
+            ErrorType.DEVICE_MISMATCH,
             exc,
             "move every input (and the module's parameters: module.to(device)) to one device "
             "first; only a 0-dim CPU tensor may sit beside tensors on another device",
@@ -82,7 +83,7 @@ def classify(
         )
     if any(p in message for p in _AUTOGRAD):
         return error(
-            "autograd_error",
+            ErrorType.AUTOGRAD_ERROR,
             exc,
             "autograd refuses this: an in-place op on a leaf that requires grad must run "
             "under torch.no_grad() (as optimizers do), or on a non-leaf copy",
@@ -95,9 +96,9 @@ def classify(
             f"op {spec['op']!r} with dtype {spec['dtype']!r} is not supported on "
             f"{spec['device']!r} by this PyTorch build; the message is PyTorch's own"
         )
-        return error("unsupported_on_device", exc, hint, name)
+        return error(ErrorType.UNSUPPORTED_ON_DEVICE, exc, hint, name)
     return error(
-        "internal",
+        ErrorType.INTERNAL,
         exc,
         "a bug in vramlab's worker; please report it",
         {**name, "traceback": traceback.format_exc()},

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.contract import ErrorType
+
 MiB = 2**20
 
 
@@ -165,7 +167,7 @@ def _dtype_support(details: dict[str, Any]) -> list[str]:
 def _mismatch(
     spec: dict[str, Any], details: dict[str, Any], error: dict[str, Any] | None
 ) -> list[str]:
-    if error is not None and error["type"] == "device_mismatch":
+    if error is not None and error["type"] == ErrorType.DEVICE_MISMATCH:
         devices = details.get("input_devices") or error["details"].get("input_devices") or {}
         where = ", ".join(f"{k} on {v}" for k, v in devices.items())
         return [f"PyTorch refused to mix devices ({where}); nothing ran silently on the CPU."]

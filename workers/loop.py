@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from app.contract import Status
 from workers.client import ApiClient, LeaseLost, UnknownWorker, with_retry
 
 log = logging.getLogger("vramlab.worker")
@@ -145,7 +146,7 @@ class WorkerLoop:
     def _heartbeats(self, lease: Lease) -> None:
         while not lease.done.wait(self.heartbeat_seconds):
             try:
-                reply = self.client.heartbeat(lease.exp_id, lease.token, {"state": "running"})
+                reply = self.client.heartbeat(lease.exp_id, lease.token)
                 lease.cancel_requested = bool(reply.get("cancel_requested"))
             except LeaseLost:
                 log.warning("lease on %s lost: stopping it", lease.exp_id)
@@ -181,7 +182,7 @@ class WorkerLoop:
             if lease.lost:
                 return
             if (
-                outcome.status == "cancelled"
+                outcome.status == Status.CANCELLED
                 and self.aborting.is_set()
                 and not lease.cancel_requested
             ):

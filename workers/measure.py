@@ -18,6 +18,7 @@ from typing import Any
 import psutil
 import torch
 
+from app.contract import Phase
 from workers import sections
 from workers.tracer import Event
 
@@ -45,26 +46,27 @@ class PhaseRecord:
     wall_s: float = 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "allocated_start": self.start.allocated,
-            "allocated_end": self.end.allocated,
-            "allocated_peak": self.allocated_peak,
-            "reserved_start": self.start.reserved,
-            "reserved_end": self.end.reserved,
-            "reserved_peak": self.reserved_peak,
-            "active_bytes": self.end.active,
-            "inactive_split_bytes": self.end.inactive_split,
-            "alloc_retries": self.end.alloc_retries,
-            "ooms": self.end.ooms,
-            "host_rss_start": self.start.host_rss,
-            "host_rss_end": self.end.host_rss,
-            "device_used_start": self.start.device_used,
-            "device_used_end": self.end.device_used,
-            "pinned_host_start": self.start.pinned_host,
-            "pinned_host_end": self.end.pinned_host,
-            "wall_s": self.wall_s,
-        }
+        phase = Phase(
+            name=self.name,
+            allocated_start=self.start.allocated,
+            allocated_end=self.end.allocated,
+            allocated_peak=self.allocated_peak,
+            reserved_start=self.start.reserved,
+            reserved_end=self.end.reserved,
+            reserved_peak=self.reserved_peak,
+            active_bytes=self.end.active,
+            inactive_split_bytes=self.end.inactive_split,
+            alloc_retries=self.end.alloc_retries,
+            ooms=self.end.ooms,
+            host_rss_start=self.start.host_rss,
+            host_rss_end=self.end.host_rss,
+            device_used_start=self.start.device_used,
+            device_used_end=self.end.device_used,
+            pinned_host_start=self.start.pinned_host,
+            pinned_host_end=self.end.pinned_host,
+            wall_s=self.wall_s,
+        )
+        return phase.model_dump()
 
 
 class Meter:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from app.contract import ErrorType, MemoryFigures, Prediction
 from workers import explain
 from workers.tracer import Event
 
@@ -18,13 +19,14 @@ SMALL_BLOCK = MiB  # the caching allocator serves blocks up to 1 MiB from 2 MiB 
 def write(
     spec: dict[str, Any],
     result: dict[str, Any],
+    mem: MemoryFigures,
     events: list[Event],
     error: dict[str, Any] | None,
     init_rss: tuple[int, int] | None = None,
 ) -> list[str]:
+    """Notes on ``result``, whose figures are ``mem``."""
     cuda = str(spec["device"]).startswith("cuda")
-    mem = result["memory"]
-    pred = spec.get("prediction") or {}
+    pred = Prediction.model_validate(spec["prediction"]) if spec.get("prediction") else None
     notes: list[str] = []
     if error is not None:
         phases = result["phases"] or result.get("steps") or []
@@ -34,13 +36,12 @@ def write(
             f"are those at that moment."
         )
         asked = error["details"].get("requested_bytes")
-        if error["type"] in ("oom", "memory_limit") and asked is not None:
+        if error["type"] in (ErrorType.OOM, ErrorType.MEMORY_LIMIT) and asked is not None:
             rounded = error["details"].get("requested_is_approximate")
             notes.append(
                 f"PyTorch asked for {asked:,} bytes"
                 f"{' (as the message rounds it)' if rounded else ''} with "
-                f"{mem['allocated_after'] or 0:,} allocated and "
-                f"{mem['reserved_after'] or 0:,} reserved."
+                f"{mem.allocated_after:,} allocated and {mem.reserved_after:,} reserved."
             )
         notes += explain.extra(spec, result, error)
         if spec["op"] == "scenario":
@@ -49,10 +50,10 @@ def write(
     if spec["op"] == "scenario":
         notes += explain.scenario(result, cuda)
     else:
-        notes += _prediction_notes(spec, result, events, pred, cuda)
+        notes += _prediction_notes(spec, result, mem, events, pred, cuda)
     notes += _pool_notes(spec, mem, cuda)
     notes += explain.extra(spec, result, error)
-    notes += _transfer_notes(spec, result)
+    notes += _transfer_notes(spec, result, mem)
     if cuda:
         notes += _context_notes(mem, init_rss)
     else:
@@ -66,25 +67,24 @@ def write(
 def _prediction_notes(
     spec: dict[str, Any],
     result: dict[str, Any],
+    mem: MemoryFigures,
     events: list[Event],
-    pred: dict[str, Any],
+    pred: Prediction | None,
     cuda: bool,
 ) -> list[str]:
-    mem = result["memory"]
     notes: list[str] = []
-    before, pred_before = mem["allocated_before"], pred.get("allocated_before")
-    if before is not None and pred_before is not None:
-        if before == pred_before:
-            notes.append(f"allocated_before is {before:,} bytes, as predicted: the inputs.")
-        else:
-            notes.append(
-                f"allocated_before is {before:,} bytes; the prediction was "
-                f"{pred_before:,} ({before - pred_before:+,})."
-            )
-    delta, pred_delta = mem["delta_allocated"], pred.get("delta_allocated")
-    if delta is None or pred_delta is None:
+    if pred is None:
         return notes
-    outputs = ", ".join(f"{o['name']} {o['shape']} {o['dtype']}" for o in pred.get("outputs", []))
+    before, pred_before = mem.allocated_before, pred.allocated_before
+    if before == pred_before:
+        notes.append(f"allocated_before is {before:,} bytes, as predicted: the inputs.")
+    else:
+        notes.append(
+            f"allocated_before is {before:,} bytes; the prediction was "
+            f"{pred_before:,} ({before - pred_before:+,})."
+        )
+    delta, pred_delta = mem.delta_allocated, pred.delta_allocated
+    outputs = ", ".join(f"{o.name} {o.shape} {o.dtype}" for o in pred.outputs)
     if delta == pred_delta:
         notes.append(
             f"delta_allocated is {delta:,} bytes, exactly the prediction"
@@ -126,8 +126,8 @@ def _prediction_notes(
             "An output shares storage with an input (a view, or the input itself), "
             "so it takes no new bytes."
         )
-    peak, after = mem["allocated_peak"], mem["allocated_after"]
-    if peak is not None and after is not None and peak > after:
+    peak, after = mem.allocated_peak, mem.allocated_after
+    if peak > after:
         notes.append(
             f"During the op allocated peaked at {peak:,} bytes, {peak - after:,} above "
             f"what stayed: temporaries freed before the op returned. (Each repeat's "
@@ -137,15 +137,15 @@ def _prediction_notes(
     return notes
 
 
-def _pool_notes(spec: dict[str, Any], mem: dict[str, Any], cuda: bool) -> list[str]:
+def _pool_notes(spec: dict[str, Any], mem: MemoryFigures, cuda: bool) -> list[str]:
     if not cuda:
         return [
             "On the CPU there is no caching allocator: reserved is reported equal to "
             "allocated, and both are the running total of the profiler's allocation events "
             "since set-up began (the bytes PyTorch asked for; the OS may map more)."
         ]
-    reserved, allocated = mem["reserved_after"], mem["allocated_after"]
-    if reserved is None or allocated is None or reserved <= allocated:
+    reserved, allocated = mem.reserved_after, mem.allocated_after
+    if reserved <= allocated:
         return []
     expandable = bool((spec.get("allocator") or {}).get("expandable_segments"))
     how = (
@@ -161,11 +161,11 @@ def _pool_notes(spec: dict[str, Any], mem: dict[str, Any], cuda: bool) -> list[s
     ]
 
 
-def _transfer_notes(spec: dict[str, Any], result: dict[str, Any]) -> list[str]:
+def _transfer_notes(spec: dict[str, Any], result: dict[str, Any], mem: MemoryFigures) -> list[str]:
     if spec["op"] != "to":
         return []
     params = spec.get("params") or {}
-    mem, timing = result["memory"], result.get("timing") or {}
+    timing = result.get("timing") or {}
     notes: list[str] = []
     if not result["outputs"] or all(o["is_view_of_input"] for o in result["outputs"]):
         notes.append(
@@ -183,7 +183,7 @@ def _transfer_notes(spec: dict[str, Any], result: dict[str, Any]) -> list[str]:
             "non_blocking=True from pageable memory: the driver still stages the copy "
             "through its own pinned buffers, so it is not truly asynchronous."
         )
-    growth = mem["host_rss_after"] - mem["host_rss_before"]
+    growth = mem.host_rss_after - mem.host_rss_before
     if abs(growth) >= MiB:
         notes.append(
             f"Host RSS changed by {growth:+,} bytes during the op: host memory touched "
@@ -196,10 +196,10 @@ def _transfer_notes(spec: dict[str, Any], result: dict[str, Any]) -> list[str]:
     return notes
 
 
-def _context_notes(mem: dict[str, Any], init_rss: tuple[int, int] | None) -> list[str]:
+def _context_notes(mem: MemoryFigures, init_rss: tuple[int, int] | None) -> list[str]:
     notes: list[str] = []
-    used, reserved = mem["device_used_after"], mem["reserved_after"]
-    if used is not None and reserved is not None and used > reserved:
+    used, reserved = mem.device_used_after, mem.reserved_after
+    if used is not None and used > reserved:
         notes.append(
             f"Device-level used memory (total - free from cudaMemGetInfo) is {used:,} "
             f"bytes, {used - reserved:,} more than PyTorch reserved: the CUDA context "

@@ -1,4 +1,8 @@
-"""A result's figures and descriptions, from the phases and the tensors an op held."""
+"""A result's figures and descriptions, from the phases and the tensors an op held.
+
+The shape of everything built here is the contract's (app/contract.py): the child
+validates the whole outcome against it before sending it.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ from typing import Any
 
 import torch
 
+from app.contract import MemoryFigures
 from workers.measure import PhaseRecord
 from workers.ops import storage_key
 from workers.probe import host_info
@@ -14,27 +19,36 @@ from workers.tracer import Trace
 
 def memory(
     before_phase: PhaseRecord, after_phase: PhaseRecord, peak: int | None, reserved_peak: int | None
-) -> dict[str, Any]:
+) -> MemoryFigures | None:
+    """The figures from ``before_phase``'s start to ``after_phase``'s end; None where the
+    device could not be read (after a CUDA error the allocator may not answer)."""
     before, after = before_phase.start, after_phase.end
-    return {
-        "allocated_before": before.allocated,
-        "allocated_after": after.allocated,
-        "allocated_peak": peak,
-        "reserved_before": before.reserved,
-        "reserved_after": after.reserved,
-        "reserved_peak": reserved_peak,
-        "delta_allocated": (
-            after.allocated - before.allocated
-            if after.allocated is not None and before.allocated is not None
-            else None
-        ),
-        "host_rss_before": before.host_rss,
-        "host_rss_after": after.host_rss,
-        "device_used_before": before.device_used,
-        "device_used_after": after.device_used,
-        "pinned_host_before": before.pinned_host,
-        "pinned_host_after": after.pinned_host,
-    }
+    allocated_before, allocated_after = before.allocated, after.allocated
+    reserved_before, reserved_after = before.reserved, after.reserved
+    if (
+        allocated_before is None
+        or allocated_after is None
+        or peak is None
+        or reserved_before is None
+        or reserved_after is None
+        or reserved_peak is None
+    ):
+        return None
+    return MemoryFigures(
+        allocated_before=allocated_before,
+        allocated_after=allocated_after,
+        allocated_peak=peak,
+        reserved_before=reserved_before,
+        reserved_after=reserved_after,
+        reserved_peak=reserved_peak,
+        delta_allocated=allocated_after - allocated_before,
+        host_rss_before=before.host_rss,
+        host_rss_after=after.host_rss,
+        device_used_before=before.device_used,
+        device_used_after=after.device_used,
+        pinned_host_before=before.pinned_host,
+        pinned_host_after=after.pinned_host,
+    )
 
 
 def build_result(

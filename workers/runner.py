@@ -105,7 +105,7 @@ def _child_entry(kind: str, conn: Connection, args: tuple[Any, ...]) -> None:
         elif kind == "probe":
             from workers.probe import capabilities
 
-            conn.send_bytes(json.dumps({"status": "succeeded", "result": capabilities()}).encode())
+            conn.send_bytes(json.dumps({"result": capabilities()}).encode())
         else:  # "ping": proves the forkserver is up with its modules loaded
             conn.send_bytes(b"{}")
     finally:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from app.contract import Prediction
 from workers.errors import OpFailure, call, classify
 from workers.measure import Meter, PhaseRecord
 from workers.ops import torch_dtype
@@ -166,14 +167,15 @@ def build_result(
     alloc_conf: str,
 ) -> dict[str, Any]:
     by_name = {p.name: p for p in phases}
-    predicted = (spec.get("prediction") or {}).get("steps", [])
+    prediction = spec.get("prediction")
+    predicted = (Prediction.model_validate(prediction).steps if prediction else None) or []
     for i, entry in enumerate(steps):
         record = by_name.get(entry["name"])
         if record is not None:
             entry.update(record.as_dict())
             entry["name"] = record.name
         entry["predicted_allocated_after"] = (
-            predicted[i]["allocated_after"] if i < len(predicted) else None
+            predicted[i].allocated_after if i < len(predicted) else None
         )
     peaks = [p.allocated_peak for p in phases if p.allocated_peak is not None]
     reserved = [p.reserved_peak for p in phases if p.reserved_peak is not None]

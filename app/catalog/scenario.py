@@ -350,12 +350,12 @@ def _delete(state: _State, step: Mapping[str, Any], where: str) -> None:
         state.bind(name, _Many(spec, block, left), where)
 
 
-def _run(state: _State, steps: Any, where: str, depth: int) -> list[dict[str, Any]]:
+def _run(state: _State, steps: Any, where: str, depth: int) -> list[StepPrediction]:
     if not isinstance(steps, list) or not steps:
         raise CatalogError(where, "must be a non-empty list of steps")
     if depth == 0 and len(steps) > MAX_TOP_STEPS:
         raise CatalogError(where, f"at most {MAX_TOP_STEPS} top-level steps")
-    out: list[dict[str, Any]] = []
+    out: list[StepPrediction] = []
     for i, step in enumerate(steps):
         at = f"{where}[{i}]"
         if not isinstance(step, dict):
@@ -399,11 +399,11 @@ def _run(state: _State, steps: Any, where: str, depth: int) -> list[dict[str, An
         if depth == 0:
             live = state.live(state.device)
             out.append(
-                {
-                    "label": label or step_title(step),
-                    "allocated_after": live,
-                    "host_tensor_bytes": state.live("cpu") if state.device != "cpu" else None,
-                }
+                StepPrediction(
+                    label=label or step_title(step),
+                    allocated_after=live,
+                    host_tensor_bytes=state.live("cpu") if state.device != "cpu" else None,
+                )
             )
     return out
 
@@ -523,7 +523,7 @@ def plan_scenario(steps: Any, dtype: str, device: str) -> ScenarioPlan:
         host_tensor_bytes=state.live("cpu"),
         inputs=[],
         outputs=[],
-        steps=[StepPrediction.model_validate(s) for s in per_step],
+        steps=per_step,
         rounding="CUDA blocks rounded up to 512 bytes" if device != "cpu" else "none",
         devices=sorted(devices),
         exact=False,
