@@ -20,7 +20,7 @@ from typing import Any, BinaryIO
 import httpx
 
 from app.contract import FINISHED, Result, SnapshotResult, Status
-from app.plots.chart import human_bytes
+from app.core.units import human_bytes
 from app.schemas.results import SweepRow
 
 TERMINAL = tuple(str(s) for s in Status if s in FINISHED)

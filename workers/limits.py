@@ -29,6 +29,7 @@ import psutil
 import torch
 
 from app.contract import ErrorType
+from app.core.units import human_bytes
 
 # Room past the cap on the CPU for what the child needs besides the experiment's tensors
 # (profiler events, library workspaces, building the report).
@@ -130,32 +131,32 @@ def explain(exc: BaseException, spec: dict[str, Any]) -> dict[str, Any] | None:
             return None  # the device itself is full: a real out-of-memory
         reserved = torch.cuda.memory_reserved(index)
         details.update(mechanism="cuda_memory_fraction", reserved_bytes=reserved)
-        where = f"on cuda:{index}, with {_human(reserved)} reserved by the caching allocator"
+        where = f"on cuda:{index}, with {human_bytes(reserved)} reserved by the caching allocator"
     elif limit.cpu_ceiling is not None:
         used = _data_bytes() - limit.cpu_base
         if requested is not None and limit.cpu_base + used + requested <= limit.cpu_ceiling:
             return None  # it fitted under the limit: the host itself refused it
         details.update(mechanism="rlimit_data", in_use_bytes=used)
-        where = f"on the CPU, with {_human(used)} in use since the run began"
+        where = f"on the CPU, with {human_bytes(used)} in use since the run began"
         past_cap = requested is None or used + requested > limit.cap
         if limit.host_available is not None and not past_cap:
             details["host_available_bytes"] = limit.host_available
             return {
                 "type": ErrorType.OOM.value,
-                "message": f"the run asked for {_human(requested or 0)} {where}; this "
-                f"worker's host had {_human(limit.host_available)} available when it began, "
+                "message": f"the run asked for {human_bytes(requested or 0)} {where}; this "
+                f"worker's host had {human_bytes(limit.host_available)} available when it began, "
                 f"so it was stopped before the host ran out",
                 "hint": "run it on a host with more free memory, or use a smaller shape",
                 "details": details,
             }
     else:
         return None
-    asked = "more memory" if requested is None else _human(requested)
+    asked = "more memory" if requested is None else human_bytes(requested)
     return {
         "type": ErrorType.MEMORY_LIMIT.value,
         "message": (
             f"the run asked for {asked} {where}; this service caps an experiment at "
-            f"{_human(limit.cap)} (VRAMLAB_MAX_EXPERIMENT_BYTES), so it was stopped"
+            f"{human_bytes(limit.cap)} (VRAMLAB_MAX_EXPERIMENT_BYTES), so it was stopped"
         ),
         "hint": "use a smaller shape or dtype; the cap counts everything the run allocates, "
         "and an op's workspaces (conv2d's im2col on the CPU, say) can be far larger than "
@@ -178,12 +179,3 @@ def _data_bytes() -> int:
             if line.startswith("VmData:"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-def _human(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024:
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"

@@ -25,6 +25,8 @@ from typing import Any, Protocol
 
 import torch
 
+from app.catalog.devices import canonical_device
+
 PHASES = ("setup", "op", "after")
 MAX_ENTRIES = 1_000_000
 MAX_FRAMES = 64
@@ -300,7 +302,7 @@ def _python_frames(node: Any) -> list[dict[str, Any]]:
 
 
 def _device_name(device: Any) -> str:
-    text = str(device)
-    if text.startswith("cuda") and ":" not in text:
-        return "cuda:0"
-    return text
+    try:
+        return canonical_device(str(device))
+    except ValueError:  # a device vramlab does not run on (meta, ...): as torch names it
+        return str(device)

@@ -4,6 +4,8 @@ over x. The renderers (``html``, ``mpl``) draw it; nothing here knows how."""
 import unicodedata
 from dataclasses import dataclass, field
 
+from app.core.units import human_bytes as human_bytes  # the one formatter, re-exported
+
 
 @dataclass(frozen=True)
 class Line:
@@ -69,15 +71,6 @@ class Chart:
     x_ticks: list[tuple[float, str]] | None = None
     # The x range to show; None: the data's.
     x_range: tuple[float, float] | None = None
-
-
-def human_bytes(n: float) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"
 
 
 MAX_TEXT = 200

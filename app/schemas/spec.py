@@ -21,15 +21,6 @@ class AllocatorSettings(BaseModel):
     roundup_power2_divisions: int | None = Field(default=None, ge=1, le=64)
     backend: Literal["native", "cudaMallocAsync"] | None = None
 
-    def conf_string(self) -> str:
-        """The PYTORCH_CUDA_ALLOC_CONF value these settings make."""
-        names = {"backend": "backend"}
-        parts = []
-        for key, value in self.model_dump(exclude_none=True).items():
-            text = ("True" if value else "False") if isinstance(value, bool) else str(value)
-            parts.append(f"{names.get(key, key)}:{text}")
-        return ",".join(parts)
-
 
 class Requirements(BaseModel):
     """What a worker must have beyond the spec's device."""

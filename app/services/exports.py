@@ -23,6 +23,7 @@ import pickle
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from app.core.units import human_bytes
 from app.services.replay import FREES, SEGMENT_GROWS, SEGMENT_SHRINKS, Block, Replay
 
 Event = dict[str, Any]
@@ -354,7 +355,7 @@ def chrome_batches(batches: Batches, experiment: str, device: str) -> Iterator[b
                 allocated += size
                 label = names.get(size)
                 if label is None:
-                    label = names[size] = _ENCODE(_human(size))
+                    label = names[size] = _ENCODE(human_bytes(size))
                 key = event.get("phase")
                 ph = encoded.get(key) if isinstance(key, str | None) else None
                 if ph is None:
@@ -406,12 +407,3 @@ def _phase_slice(pid: int, tid: int, phase: tuple[str, float], end: float) -> di
         "ts": start,
         "dur": max(0.0, end - start),
     }
-
-
-def _human(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if value < 1024 or unit == "GiB":
-            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{n} B"

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Select, delete, select, update
+from sqlalchemy import CursorResult, Select, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from app.contract import ErrorType, Status
 from app.core.config import Settings
-from app.errors import LeaseLost
+from app.errors import ApiError, LeaseLost
 from app.models import Experiment, Result, TraceChunk, Worker
 from app.schemas.worker import OutcomeRequest
 from app.services import workers
@@ -200,6 +200,19 @@ def finish(session: Session, experiment_id: str, req: OutcomeRequest, now: datet
         }
     if not transition(session, experiment_id, Status.RUNNING, req.lease_token, **values):
         raise _lease_lost(session, experiment_id)
+    # The transaction rolls back on this refusal: the lease stays and the worker may retry.
+    if req.trace_events:
+        stored = session.scalar(
+            select(func.coalesce(func.sum(TraceChunk.n_events), 0)).where(
+                TraceChunk.experiment_id == experiment_id
+            )
+        )
+        if stored != req.trace_events:
+            raise ApiError(
+                f"trace_events: the outcome says {req.trace_events} events but "
+                f"{stored} were uploaded under this lease; upload every chunk first",
+                details=[{"field": "trace_events", "message": f"{stored} stored"}],
+            )
     exp = _reload(session, experiment_id)
     if req.result is not None:
         data = req.result.model_dump(mode="json", by_alias=True, exclude_unset=True)

@@ -12,6 +12,7 @@ from app.catalog import CatalogError, get_op, parse_device, plan_spec
 from app.catalog.dtypes import DTYPES
 from app.catalog.scenario import SCENARIO, ScenarioPlan, plan_scenario
 from app.core.config import Settings
+from app.core.units import human_bytes
 from app.errors import InvalidSpec
 from app.schemas.spec import ExperimentSpec
 
@@ -28,15 +29,6 @@ class AcceptedSpec:
 # Scenario plans by (steps as JSON, dtype, device): a sweep whose points share their steps
 # plans them once.
 PlanCache = dict[tuple[str, str, str], ScenarioPlan]
-
-
-def _human(n: int) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if value < 1024 or unit == "TiB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{n} B"
-        value /= 1024
-    raise AssertionError
 
 
 @dataclass(frozen=True)
@@ -110,8 +102,8 @@ def accept(
     if plan.total_bytes > settings.max_experiment_bytes:
         raise InvalidSpec(
             "steps" if spec.steps is not None else "shape",
-            f"the tensors would take {_human(plan.total_bytes)}; this service allows at most "
-            f"{_human(settings.max_experiment_bytes)} (VRAMLAB_MAX_EXPERIMENT_BYTES)",
+            f"the tensors would take {human_bytes(plan.total_bytes)}; this service allows at most "
+            f"{human_bytes(settings.max_experiment_bytes)} (VRAMLAB_MAX_EXPERIMENT_BYTES)",
         )
     cuda_indexes = [parse_device(d)[1] for d in plan.devices if d.startswith("cuda")]
     accepted = spec.model_copy(update={"params": plan.params, "device": device})

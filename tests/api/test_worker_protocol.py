@@ -306,3 +306,17 @@ def test_every_field_a_worker_sends_is_bounded(client: httpx.Client) -> None:
     nan = b'{"lease_token": "%s", "progress": {"at": NaN}}' % got["lease_token"].encode()
     beat = client.post(url, content=nan, headers={"Content-Type": "application/json"})
     assert beat.status_code == 422
+
+
+def test_an_outcome_must_count_the_trace_it_uploaded(client: httpx.Client) -> None:
+    exp = submit(client)
+    got = claim(client, register(client))
+    assert got is not None
+    headers = {"X-Lease-Token": got["lease_token"], "Content-Type": "application/gzip"}
+    url = f"/v1/worker/experiments/{exp['id']}"
+    assert client.put(f"{url}/trace/0", content=_gz(_events(30)), headers=headers).is_success
+    body = {"lease_token": got["lease_token"], "status": "succeeded", "result": {"memory": MEMORY}}
+    short = client.post(f"{url}/result", json={**body, "trace_events": 50})
+    assert short.status_code == 400 and "30" in short.json()["error"]["message"]
+    assert client.get(f"/v1/experiments/{exp['id']}").json()["status"] == "running"
+    assert client.post(f"{url}/result", json={**body, "trace_events": 30}).status_code == 200

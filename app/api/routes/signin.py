@@ -9,15 +9,14 @@ reached on a loopback name. Sign-in and sign-out refuse forms posted from other 
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Form, Request
+from fastapi import APIRouter, Form, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from sqlalchemy.orm import Session
 
 from app.api import origins
-from app.api.deps import SESSION_COOKIE, check_same_site, get_db, get_settings
+from app.api.deps import SESSION_COOKIE, DatabaseDep, SettingsDep, check_same_site
 from app.api.routes.ui import TEMPLATES
 from app.core.config import Settings
-from app.core.db import Database
 from app.models import ApiToken
 from app.models.base import utcnow
 from app.services import auth, sessions
@@ -41,8 +40,8 @@ def _token_row(s: Session, settings: Settings, token: str) -> ApiToken | None:
 def signin(
     request: Request,
     token: Annotated[str, Form(max_length=200)],
-    db: Annotated[Database, Depends(get_db)],
-    settings: Annotated[Settings, Depends(get_settings)],
+    db: DatabaseDep,
+    settings: SettingsDep,
 ) -> Response:
     check_same_site(request, settings, required=False)
     with db.session(write=False) as s:
@@ -73,7 +72,7 @@ def signin(
 
 
 @router.post("/signout")
-def signout(request: Request, settings: Annotated[Settings, Depends(get_settings)]) -> Response:
+def signout(request: Request, settings: SettingsDep) -> Response:
     check_same_site(request, settings, required=False)
     response = RedirectResponse("/ui/signin", status_code=303)
     response.delete_cookie(SESSION_COOKIE, path="/")

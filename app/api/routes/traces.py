@@ -5,11 +5,11 @@ import itertools
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from app.api.deps import ExperimentDep, SessionDep, get_db, require
+from app.api.deps import DatabaseDep, ExperimentDep, SessionDep, require
 from app.core.db import Database
 from app.errors import ERROR_RESPONSES
 from app.services import exports, traces
@@ -50,7 +50,7 @@ class TracePage(BaseModel):
 def trace(
     exp: ExperimentDep,
     s: SessionDep,
-    db: Annotated[Database, Depends(get_db)],
+    db: DatabaseDep,
     format: Literal["json", "ndjson", "memory_viz", "chrome"] = "json",
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,

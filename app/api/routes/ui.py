@@ -17,9 +17,9 @@ from fastapi.templating import Jinja2Templates
 from app.api.deps import ExperimentDep, NowDep, SessionDep, SettingsDep, SignalDep, require
 from app.api.routes.catalog import listing as catalog_listing
 from app.contract import Status
+from app.core.units import human_bytes
 from app.errors import ApiError, Conflict, NotFound
 from app.plots import html
-from app.plots.chart import human_bytes
 from app.schemas.preset import PresetRun
 from app.services import compare, experiments, figures, presets, snapshots, sweeps, workers
 from app.services.auth import Principal
