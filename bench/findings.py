@@ -25,6 +25,63 @@ from tests.op_cases import CASES
 
 ROOT = Path(__file__).resolve().parent.parent
 MiB = 2**20
+# What each article claims, and what the presets measured of it: a preset's `article`
+# field points at its section here (docs/findings.md#article-000 and so on).
+ARTICLES = {
+    "000": (
+        "Why does transferring a tensor to a GPU require additional RAM allocation?",
+        "Claims: after a move to the GPU the host copy stays alive beside the device copy, "
+        "and the transfer itself needs extra system RAM. Measured: the source tensor stays "
+        "alive until it is dropped (`cpu_copy_stays_alive`); a copy from pageable memory "
+        "touched about 2 MiB of host RSS (the driver's staging), not a second host copy "
+        "(`transfer_pageable`); a pinned source holds its whole size in pinned host memory "
+        "and copies several times faster (`transfer_pinned`); changing the device copy in "
+        "place leaves the host copy alone (`gpu_copy_modified`).",
+    ),
+    "001": (
+        "Why can't the tensor be moved to GPU memory?",
+        "Claims: unsupported dtypes (bfloat16), fragmentation and row-major layouts stop a "
+        "move. Measured: bfloat16 moves and is used on current GPUs "
+        "(`bfloat16_moved_and_used`, `dtype_support_matrix`); 100 allocate/free cycles of "
+        "one size leave nothing that stops a large request (`fragmentation_article_loop`), "
+        "while freeing every other block makes reserved memory grow with free bytes held "
+        "in split blocks (`fragmentation_holes`), less so with expandable segments "
+        "(`fragmentation_expandable_segments`), and `empty_cache` hands the cached "
+        "segments back first (`fragmentation_empty_cache`); a NumPy (row-major) tensor "
+        "moves as any other (`numpy_tensor_moved`).",
+    ),
+    "002": (
+        "Why does GPU memory increase when calling a tensor method with existing GPU tensors?",
+        "Claims: ops create intermediate tensors, matmul many, and even in-place `add_` "
+        "may allocate when autograd is on. Measured: `a + b` allocates exactly its output "
+        "(`elementwise_add`); matmul's extra 32 MiB is cuBLAS's workspace, kept from the "
+        "first call, not a temporary (`matmul_1000x2000_2000x500`); `add_` allocates "
+        "nothing (`inplace_add_no_grad`), and on a leaf that requires grad autograd "
+        "refuses it rather than allocating (`inplace_add_requires_grad`).",
+    ),
+    "003": (
+        "Why is a tensor on CUDA attempting to use CPU storage?",
+        "Claims: tensors default to the CPU, and mixing devices copies data silently. "
+        "Measured: creating on the CPU then moving costs a host allocation and a copy "
+        "that creating on the GPU avoids (`cpu_then_cuda_vs_on_gpu`); an op or a model "
+        "with inputs on two devices fails with `device_mismatch`, it does not copy "
+        "silently (`tensors_on_two_devices`, `model_left_on_cpu`), except a 0-dim CPU "
+        "tensor, read as a scalar (`cpu_scalar_with_gpu_tensor`). Moved to the device, the "
+        "model runs there and keeps what autograd saved beyond its output "
+        "(`model_moved_to_gpu`); a non_blocking copy from pageable memory, the work on it "
+        "and the copy back are measured step by step (`non_blocking_copy_then_compute`).",
+    ),
+}
+
+
+def articles_markdown() -> list[str]:
+    lines = ["## The articles", ""]
+    for article_id, (title, text) in ARTICLES.items():
+        lines += [f'<a id="article-{article_id}"></a>', "", f"### Article {article_id}", ""]
+        lines += [f"*{title}*", "", text, ""]
+    return lines
+
+
 SCALE = 16  # small test case -> medium size: every dim of 8 or more, 16 times larger
 
 
@@ -257,13 +314,17 @@ def write_doc(
         f"Device: {env.get('gpu_name') or device}; torch {env.get('torch')}, "
         f"CUDA {env.get('cuda')}, driver {env.get('driver')}.",
         "",
+        *articles_markdown(),
+        "## The presets",
+        "",
         "| preset | article | question | measured | vs prediction | answer |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for p in presets:
         exp = results.get(f"preset:{p['name']}") or {"status": "not run"}
+        article = f"[{p['article_id']}](#article-{p['article_id']})"
         lines.append(
-            f"| {p['name']} | {p['article']} {p['example']} | {_cell(p['question'])} | "
+            f"| {p['name']} | {article} {p['example']} | {_cell(p['question'])} | "
             f"{_cell(measured(exp))} | {_cell(vs_prediction(exp))} | {_cell(answer(exp))} |"
         )
     path.write_text("\n".join(lines) + "\n")

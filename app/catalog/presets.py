@@ -1,5 +1,7 @@
-"""Presets: named, documented experiment specs, one or more per code example of the
-articles in /work/shared/questions (000-003). Data only: each builds a plain spec.
+"""Presets: named, documented experiment specs, one or more per code example of four
+articles (000-003) that people bring with their questions about GPU memory; what each
+article claims and what was measured is in docs/findings.md. Data only: each builds a
+plain spec.
 
 A preset takes three overrides: ``device``, ``dtype`` (where the preset has one dtype to
 vary) and ``size`` (``small`` for CPU tests, ``medium`` as the articles, ``large``).
@@ -14,6 +16,8 @@ from typing import Any
 from app.catalog.model import CatalogError
 
 SIZES = ("small", "medium", "large")
+# Where a reader finds what an article claims and what the presets measured.
+ARTICLES_DOC = "docs/findings.md"
 Spec = dict[str, Any]
 Builder = Callable[[str, str, str], Spec]
 
@@ -49,7 +53,8 @@ class Preset:
         return {
             "name": self.name,
             "question": self.question,
-            "article": self.article,
+            "article": f"{ARTICLES_DOC}#article-{self.article}",
+            "article_id": self.article,
             "example": self.example,
             "needs_cuda": self.needs_cuda,
             "default_dtype": self.default_dtype,

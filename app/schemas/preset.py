@@ -10,7 +10,11 @@ from app.schemas.spec import Tag
 class PresetOut(BaseModel):
     name: str
     question: str = Field(description="the question the preset answers")
-    article: str = Field(description="the article (000-003) whose code it measures")
+    article: str = Field(
+        description="where to read what its article claims and what was measured: a "
+        "section of docs/findings.md in the repository"
+    )
+    article_id: str = Field(description="the article (000-003) whose code it measures")
     example: str
     needs_cuda: bool
     default_dtype: str

@@ -50,7 +50,8 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[httpx.Client]:
 def test_presets_are_listed_with_their_question_and_article(client: httpx.Client) -> None:
     listed = client.get("/v1/presets").json()
     assert [p["name"] for p in listed] == list(PRESETS)
-    assert all(p["question"] and p["article"] in ("000", "001", "002", "003") for p in listed)
+    assert all(p["question"] and p["article_id"] in ("000", "001", "002", "003") for p in listed)
+    assert all(p["article"] == f"docs/findings.md#article-{p['article_id']}" for p in listed)
     assert all(p["spec"]["device"] == "cuda" for p in listed)
 
 

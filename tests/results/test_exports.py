@@ -9,7 +9,18 @@ import httpx
 import pytest
 
 from tests.helpers import ADD, MATMUL
-from tests.results.trace_data import FRAMES, SEG, A, B, C, D, events, many_events, upload
+from tests.results.trace_data import (
+    OP_FRAMES,
+    SEG,
+    SETUP_FRAMES,
+    A,
+    B,
+    C,
+    D,
+    events,
+    many_events,
+    upload,
+)
 
 
 def _viz(client: httpx.Client, exp_id: str) -> dict[str, Any]:
@@ -41,7 +52,7 @@ def test_memory_viz_is_a_snapshot_torch_reads(client: httpx.Client) -> None:
     ]
     for entry in trace:
         assert set(entry) >= {"action", "addr", "size", "stream", "time_us", "frames"}
-    assert trace[1]["frames"] == FRAMES and trace[1]["addr"] == A
+    assert trace[1]["frames"] == SETUP_FRAMES and trace[1]["addr"] == A
     # What the allocator held at the end: c and d alive in the one segment, gaps inactive.
     (segment,) = snap["segments"]
     assert segment["address"] == SEG and segment["total_size"] == 2**21
@@ -114,7 +125,7 @@ def test_peak_names_what_was_alive(client: httpx.Client) -> None:
     }
     alive = [(b["addr"], b["size"], b["phase"]) for b in peak["alive_at_peak"]]
     assert alive == [(C, 8192, "op"), (A, 4096, "setup"), (B, 4096, "setup")]
-    assert peak["alive_at_peak"][0]["frames"] == FRAMES
+    assert peak["alive_at_peak"][0]["frames"] == OP_FRAMES
     assert [b["size"] for b in peak["largest"]] == [8192, 4096, 4096, 1024]
     assert peak["measured_allocated_peak"] == 16384
     top1 = client.get(f"/v1/experiments/{exp_id}/peak", params={"top": 1}).json()

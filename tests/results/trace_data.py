@@ -10,7 +10,9 @@ from tests.helpers import CUDA_CAPS, MEMORY, claim, register, submit
 
 SEG = 0x7F0000000000
 A, B, C, D = SEG, SEG + 4096, SEG + 8192, SEG + 16384
-FRAMES = [{"filename": "/work/ops.py", "line": 12, "name": "run_add"}]
+# Where the add op really allocates: its inputs in set-up, its output in the op.
+SETUP_FRAMES = [{"filename": "workers/ops/base.py", "line": 66, "name": "two_operands"}]
+OP_FRAMES = [{"filename": "workers/ops/elementwise.py", "line": 42, "name": "<lambda>"}]
 
 
 def events(device: str = "cuda:0") -> list[dict[str, Any]]:
@@ -19,10 +21,10 @@ def events(device: str = "cuda:0") -> list[dict[str, Any]]:
     rows: list[tuple[float, str, int | None, int, str, dict[str, Any]]] = [
         (0, "mark", None, 0, "setup", {"name": "setup"}),
         (1, "segment_alloc", SEG, 2**21, "setup", {}),
-        (2, "alloc", A, 4096, "setup", {"frames": FRAMES}),
+        (2, "alloc", A, 4096, "setup", {"frames": SETUP_FRAMES}),
         (3, "alloc", B, 4096, "setup", {}),
         (4, "mark", None, 0, "op", {"name": "op"}),
-        (5, "alloc", C, 8192, "op", {"frames": FRAMES}),
+        (5, "alloc", C, 8192, "op", {"frames": OP_FRAMES}),
         (6, "free_requested", A, 4096, "op", {}),
         (6.5, "free", A, 4096, "op", {}),
         (7, "mark", None, 0, "after", {"name": "after"}),
