@@ -1,0 +1,32 @@
+"""The docs say what the code does: every setting in the README, every error type in
+docs/results.md, every preset's article a section a reader can follow."""
+
+from pathlib import Path
+
+from app.catalog.presets import PRESETS
+from app.contract import ErrorType
+from app.core.config import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_the_readme_lists_every_setting() -> None:
+    readme = (ROOT / "README.md").read_text()
+    for name in Settings.model_fields:
+        assert f"`VRAMLAB_{name.upper()}`" in readme, name
+
+
+def test_results_md_explains_every_error_type() -> None:
+    results = (ROOT / "docs" / "results.md").read_text()
+    for error_type in ErrorType:
+        assert f"| `{error_type}` |" in results, error_type
+
+
+def test_each_preset_points_at_a_section_a_reader_can_follow() -> None:
+    findings = (ROOT / "docs" / "findings.md").read_text()
+    articles = findings.split("## The presets")[0]
+    for preset in PRESETS.values():
+        path, _, anchor = preset.describe()["article"].partition("#")
+        assert (ROOT / path).is_file()
+        assert f'<a id="{anchor}"></a>' in articles, anchor
+        assert f"`{preset.name}`" in articles, preset.name
