@@ -349,3 +349,11 @@ def test_any_repeat_plans_as_if_every_iteration_ran(
         return (plan.prediction, plan.peak_bytes, plan.total_bytes, plan.work)
 
     assert outcome(steps) == outcome(_unrolled(steps))
+
+
+@pytest.mark.parametrize("value", [[1], {"a": 1}, 3])
+def test_a_dtype_parameter_that_is_not_a_name_is_refused(value: object) -> None:
+    # A list used to reach a dict look-up and raise TypeError: a 500 for one request.
+    with pytest.raises(CatalogError) as caught:
+        plan_spec("to", (4,), {"source_dtype": value}, "float32", "cpu")
+    assert caught.value.field == "params.source_dtype"

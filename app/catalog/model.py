@@ -84,7 +84,7 @@ class Param:
         if self.kind == "shape":
             return list(check_shape(value, field))
         if self.kind == "dtype":
-            if value not in DTYPES:
+            if not isinstance(value, str) or value not in DTYPES:
                 raise CatalogError(field, f"unknown dtype {value!r}; allowed: {', '.join(DTYPES)}")
             return value
         if self.kind == "device":
