@@ -266,6 +266,8 @@ class Placement(_Model):
     device_device_copies: list[Copy] | None = None
     mixed_device_calls: dict[str, list[str]] | None = None
     cpu_ops_in_cuda_experiment: dict[str, int] | None = None
+    # CPU calls on 0-dim tensors alone: scalar state PyTorch keeps on the host by design.
+    host_scalar_ops: dict[str, int] | None = None
     method: str | None = None
 
 

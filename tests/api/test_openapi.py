@@ -32,11 +32,12 @@ def _ops(doc: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
 
 def test_a_result_is_typed_down_to_its_integer_figures(doc: dict[str, Any]) -> None:
     out = doc["components"]["schemas"]["ExperimentOut"]["properties"]
-    result = _schema(doc, out["result"]["anyOf"][0])
+    result = _schema(doc, out["result"]["anyOf"][0])  # an experiment's; then a snapshot's
     memory = _schema(doc, result["properties"]["memory"])
     assert set(MEMORY_KEYS) <= set(memory["required"])
     assert {memory["properties"][k]["type"] for k in MEMORY_KEYS} == {"integer"}
-    assert _schema(doc, out["prediction"])["properties"]["delta_allocated"]["type"] == "integer"
+    prediction = _schema(doc, out["prediction"]["anyOf"][0])
+    assert prediction["properties"]["delta_allocated"]["type"] == "integer"
     assert "enum" in doc["components"]["schemas"]["ErrorType"]
 
 
