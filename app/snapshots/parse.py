@@ -29,6 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from app.contract import SnapshotFigures
 from app.snapshots import categories as cat
 from app.snapshots import safe_pickle
 from app.snapshots.segments import summarise_segments
@@ -550,17 +551,15 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
         json.dump(segments, f, default=_plain)
     stats = _counters(data.get("memory_stats"), index)
     environment = data.get("environment")
-    memory = {
-        "allocated_before": baseline,
-        "allocated_after": replay.allocated,
-        "allocated_peak": replay.peak,
-        "reserved_before": reserved0,
-        "reserved_after": replay.reserved if trace else seg_summary["reserved"],
-        "reserved_peak": replay.reserved_peak if trace else seg_summary["reserved"],
-        "delta_allocated": replay.allocated - baseline,
-        "host_rss_before": None,
-        "host_rss_after": None,
-    }
+    memory = SnapshotFigures(
+        allocated_before=baseline,
+        allocated_after=replay.allocated,
+        allocated_peak=replay.peak,
+        reserved_before=reserved0,
+        reserved_after=replay.reserved if trace else seg_summary["reserved"],
+        reserved_peak=replay.reserved_peak if trace else seg_summary["reserved"],
+        delta_allocated=replay.allocated - baseline,
+    ).model_dump()
     settings = data.get("allocator_settings")
     return {
         "device": device,
