@@ -48,6 +48,9 @@ POLL_S = 0.1
 DEFAULT_TIMEOUT_S = 600.0
 PROBE_TIMEOUT_S = 120.0
 START_ATTEMPTS = 4
+# How a child ended when we stopped it for a cancel (beside "finished", "timeout" and
+# the words for an exit or a signal).
+_CANCEL = "stopped for a cancel"
 EXIT_GRACE_S = 10.0  # after a result, how long a child may take to exit before a kill
 
 log = logging.getLogger("vramlab.worker")
@@ -401,7 +404,7 @@ class Runner:
                     finished = True
                     return payload, "finished", None
                 if should_cancel():
-                    return None, "cancelled", None
+                    return None, _CANCEL, None
                 if time.monotonic() > deadline:
                     return None, "timeout", None
         finally:
@@ -421,7 +424,7 @@ class Runner:
         trace_path: Path | None,
         timeout: float,
     ) -> Outcome:
-        if ended == "cancelled":
+        if ended == _CANCEL:
             return Outcome(Status.CANCELLED, None, None, None, 0)
         if ended == "timeout":
             return Outcome(
