@@ -11,9 +11,25 @@ import httpx
 from tests.helpers import ADD, CPU_CAPS, MATMUL, MEMORY, claim, register
 from tests.results.trace_data import events, many_events, upload
 
+
+def _tensor(name: str, nbytes: int) -> dict[str, object]:
+    """A tensor as the worker describes it (the contract's TensorInfo)."""
+    return {
+        "name": name,
+        "shape": [nbytes // 4],
+        "dtype": "float32",
+        "device": "cuda:0",
+        "bytes": nbytes,
+        "storage_bytes": nbytes,
+        "layout": "strided",
+        "is_contiguous": True,
+        "is_view_of_input": False,
+    }
+
+
 IO = {
-    "inputs": [{"name": "a", "bytes": 4096}, {"name": "b", "bytes": 4000}],
-    "outputs": [{"name": "c", "bytes": 8192, "is_view_of_input": False}],
+    "inputs": [_tensor("a", 4096), _tensor("b", 4000)],
+    "outputs": [_tensor("c", 8192)],
 }
 ROUND_BYTES = re.compile(r"^(0|[1-9][0-9]*(\.(25|5|75))? (B|KiB|MiB|GiB|TiB))$")
 
@@ -38,7 +54,8 @@ def test_timeline_in_three_formats_shows_bands_phases_and_the_peak(
     bands = re.findall(r'<polygon class="vl-band"[^>]*><title>(.*?)</title>', text, re.S)
     assert [b.split("\n")[0] for b in bands] == ["input a", "input b", "output c", "after"]
     assert "8.0 KiB (8,192 B)" in bands[2] and "made in op at 5 µs" in bands[2]
-    assert "still alive at the end" in bands[2] and "run_add /work/ops.py:12" in bands[2]
+    assert "still alive at the end" in bands[2]
+    assert "&lt;lambda&gt; workers/ops/elementwise.py:42" in bands[2]
     assert "freed at 6.5 µs" in bands[0]
     # The phases are shaded and named; the axis starts at set-up, in a unit that fits.
     assert text.count('<g class="vl-phase">') == 3
@@ -88,7 +105,10 @@ def test_labels_are_text_never_markup(client: httpx.Client) -> None:
     ]
     for i, row in enumerate(rows):
         row.update(device="cuda:0", stream=0, phase=rows[0 if i < 2 else 2].get("name"))
-    steps = [{"name": "00 $\\frac{$"}, {"name": "01 $x$ \\"}]  # JSON cannot carry \udfff
+    steps = [  # JSON cannot carry \udfff
+        {"name": "00 $\\frac{$", "do": "create"},
+        {"name": "01 $x$ \\", "do": "create"},
+    ]
     exp_id = upload(client, spec, [rows], steps=steps)
     for path, params in (
         (f"/v1/experiments/{exp_id}/timeline", {}),
