@@ -1,7 +1,7 @@
 """claim order with available_at, worker state derived, unread columns dropped
 
-Revision ID: 0005
-Revises: 0004
+Revision ID: 0006
+Revises: 0005
 Create Date: 2026-11-22 10:30:00
 """
 
@@ -12,8 +12,8 @@ from alembic import op
 
 import app.models.base
 
-revision: str = "0005"
-down_revision: str | None = "0004"
+revision: str = "0006"
+down_revision: str | None = "0005"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
