@@ -67,6 +67,11 @@ MAX_ERROR_HINT_CHARS = 5_000
 MAX_TRACE_EVENTS = 10**9
 # The API's default request body limit (VRAMLAB_MAX_BODY_BYTES): an outcome's JSON.
 MAX_OUTCOME_BYTES = 1 * 2**20
+# Trace uploads (defaults of VRAMLAB_MAX_TRACE_CHUNK_BYTES and _EVENTS): one gzip chunk,
+# its events, and how far its text may expand past its byte limit.
+MAX_TRACE_CHUNK_BYTES = 32 * 2**20
+MAX_TRACE_CHUNK_EVENTS = 100_000
+TRACE_CHUNK_EXPANSION = 8
 
 # The v1 memory keys: integer byte counts in every succeeded result's ``memory``.
 MEMORY_KEYS = (

@@ -7,6 +7,8 @@ from typing import Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from app import contract
+
 DEFAULT_SQLITE = Path("data") / "vramlab.db"
 
 
@@ -43,8 +45,8 @@ class Settings(BaseSettings):
     # Ops tagged `diagnostic` (sleep, abort) exist to test timeouts and crashes.
     diagnostic_ops: bool = False
     # Trace uploads: largest compressed chunk accepted, and its decompressed limit.
-    max_trace_chunk_bytes: int = 32 * 2**20
-    max_trace_chunk_events: int = 100_000
+    max_trace_chunk_bytes: int = contract.MAX_TRACE_CHUNK_BYTES
+    max_trace_chunk_events: int = contract.MAX_TRACE_CHUNK_EVENTS
     # A shared worker token (the `worker` scope), for deployments such as docker compose.
     worker_token: str | None = None
     # The token `vramlab up` makes for its own worker; unlike worker_token it does not by
@@ -70,7 +72,7 @@ class Settings(BaseSettings):
     # Queued experiments one token (or the open service) may have at once; past it, 429.
     max_queued_per_token: int = 10_000
     # Request bodies larger than this get 413 (trace chunks have their own limit).
-    max_body_bytes: int = 1 * 2**20
+    max_body_bytes: int = contract.MAX_OUTCOME_BYTES
     # Memory snapshot uploads (POST /v1/snapshots): the largest body, and the largest
     # pickle a gzipped one may expand to; both admit 2 GiB snapshots by default.
     max_snapshot_bytes: int = 3 * 2**30

@@ -13,6 +13,7 @@ from pydantic import (
     model_validator,
 )
 
+from app import contract
 from app.contract import Outcome, WorkerState
 from app.schemas import data
 from app.schemas.data import TEXT_PATTERN
@@ -72,10 +73,21 @@ class RegisterRequest(BaseModel):
     capabilities: Capabilities
 
 
+class WorkerLimits(BaseModel):
+    """What this API accepts from a worker, so that it checks its outcome before sending."""
+
+    max_body_bytes: int = contract.MAX_OUTCOME_BYTES
+    max_trace_chunk_bytes: int = contract.MAX_TRACE_CHUNK_BYTES
+    max_trace_chunk_events: int = contract.MAX_TRACE_CHUNK_EVENTS
+    max_error_message_chars: int = contract.MAX_ERROR_MESSAGE_CHARS
+    max_error_hint_chars: int = contract.MAX_ERROR_HINT_CHARS
+
+
 class RegisterResponse(BaseModel):
     worker_id: str
     lease_seconds: float
     heartbeat_seconds: float
+    limits: WorkerLimits = Field(default_factory=WorkerLimits)
 
 
 class ClaimRequest(BaseModel):
