@@ -6,67 +6,105 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from app import contract
 from app.core.config import Settings
 from app.errors import ApiError, Conflict, PayloadTooLarge
 from app.models import Experiment, TraceChunk
 
 REQUIRED_KEYS = ("action", "size")
+# Decompressed text is looked at this many bytes at a time.
+TEXT_STEP = 256 * 1024
+# One event (one line) may not pass this: deep stacks stay well under it.
+MAX_EVENT_BYTES = 1 * 2**20
 
 
-def _decompress(data: bytes, limit: int) -> bytes:
-    """Gunzip at most ``limit`` bytes: a small body must not expand without bound."""
+def _text(body: bytes, limit: int) -> Iterator[bytes]:
+    """The gzip member's text, piece by piece; it must end where the body ends.
+
+    A member cut short (on a line boundary or not) has no end-of-stream and trailer, so
+    it is refused rather than stored as if it were whole.
+    """
     decoder = zlib.decompressobj(wbits=31)
+    data, produced = body, 0
     try:
-        out = decoder.decompress(data, limit + 1)
+        while not decoder.eof:
+            piece = decoder.decompress(data, TEXT_STEP)
+            data = decoder.unconsumed_tail
+            if not piece and not data:
+                break
+            produced += len(piece)
+            if produced > limit:
+                raise PayloadTooLarge(f"trace chunk expands past {limit} bytes")
+            yield piece
     except zlib.error as exc:
         raise ApiError(f"trace chunk is not gzip data: {exc}") from None
-    if len(out) > limit or decoder.unconsumed_tail:
-        raise PayloadTooLarge(f"trace chunk expands past {limit} bytes")
-    return out
+    if not decoder.eof:
+        raise ApiError("trace chunk's gzip member is cut short: its end (and checksum) is missing")
+    if decoder.unused_data:
+        raise ApiError("trace chunk has bytes after its gzip member: send one member")
 
 
-def store_chunk(
-    session: Session, exp: Experiment, seq: int, body: bytes, settings: Settings
-) -> int:
-    """Validate and store one chunk; chunks arrive in order from 0. Returns its event count."""
+def _lines(body: bytes, limit: int) -> Iterator[bytes]:
+    pending = b""
+    for piece in _text(body, limit):
+        lines = (pending + piece).split(b"\n")
+        pending = lines.pop()
+        if len(pending) > MAX_EVENT_BYTES:
+            raise PayloadTooLarge(f"a trace event may not pass {MAX_EVENT_BYTES} bytes")
+        yield from lines
+    if pending:  # the last line may go without its newline
+        yield pending
+
+
+def check_chunk(body: bytes, settings: Settings) -> int:
+    """Validate an uploaded chunk as a stream, one line at a time; return its event count.
+
+    Only one piece of text and one line are held at once, whatever the chunk expands to.
+    """
     if len(body) > settings.max_trace_chunk_bytes:
         raise PayloadTooLarge(f"trace chunk is larger than {settings.max_trace_chunk_bytes} bytes")
-    text = _decompress(body, settings.max_trace_chunk_bytes * 8)
-    lines = [line for line in text.split(b"\n") if line.strip()]
-    if len(lines) > settings.max_trace_chunk_events:
-        raise PayloadTooLarge(f"a chunk holds at most {settings.max_trace_chunk_events} events")
-    for n, line in enumerate(lines):
+    limit = settings.max_trace_chunk_bytes * contract.TRACE_CHUNK_EXPANSION
+    n = 0
+    for n, line in enumerate(_lines(body, limit), start=1):
+        if n > settings.max_trace_chunk_events:
+            raise PayloadTooLarge(f"a chunk holds at most {settings.max_trace_chunk_events} events")
         try:
             event = json.loads(line)
         except ValueError:
-            raise ApiError(f"trace chunk line {n + 1} is not JSON") from None
+            raise ApiError(f"trace chunk line {n} is not JSON") from None
         if not isinstance(event, dict) or any(k not in event for k in REQUIRED_KEYS):
-            raise ApiError(f"trace chunk line {n + 1} is not an event with {REQUIRED_KEYS}")
-    existing = session.scalars(
-        select(TraceChunk).where(TraceChunk.experiment_id == exp.id).order_by(TraceChunk.seq)
+            raise ApiError(f"trace chunk line {n} is not an event with {REQUIRED_KEYS}")
+    return n
+
+
+def store_chunk(session: Session, exp: Experiment, seq: int, body: bytes, n_events: int) -> None:
+    """Store a checked chunk as the worker sent it; chunks arrive in order from 0."""
+    earlier = session.execute(
+        select(TraceChunk.seq, TraceChunk.n_events)
+        .where(TraceChunk.experiment_id == exp.id)
+        .order_by(TraceChunk.seq)
     ).all()
-    if seq > len(existing):
-        raise Conflict(f"trace chunk {seq} arrived before chunk {len(existing)}")
-    if seq < len(existing):  # a retried upload replaces its chunk
-        if seq != len(existing) - 1:
+    if seq > len(earlier):
+        raise Conflict(f"trace chunk {seq} arrived before chunk {len(earlier)}")
+    if seq < len(earlier):  # a retried upload replaces its chunk
+        if seq != len(earlier) - 1:
             raise Conflict(f"trace chunk {seq} was already stored and followed by others")
-        session.delete(existing[seq])
-        session.flush()
-        existing = existing[:seq]
-    first = sum(c.n_events for c in existing)
+        session.execute(
+            delete(TraceChunk).where(TraceChunk.experiment_id == exp.id, TraceChunk.seq == seq)
+        )
+        earlier = earlier[:seq]
     session.add(
         TraceChunk(
             experiment_id=exp.id,
             seq=seq,
-            first_event=first,
-            n_events=len(lines),
-            data=gzip.compress(b"\n".join(lines) + b"\n", compresslevel=6),
+            first_event=sum(n for _, n in earlier),
+            n_events=n_events,
+            data=body,
         )
     )
-    return len(lines)
 
 
 def count(session: Session, experiment_id: str) -> int:
@@ -94,7 +132,11 @@ def iter_events(session: Session, experiment_id: str, start: int = 0) -> Iterato
             )
         )
         assert data is not None
-        for i, line in enumerate(gzip.decompress(data).splitlines()):
+        # Stored as sent: one event per line, the last newline optional.
+        lines = gzip.decompress(data).split(b"\n")
+        if lines[-1] == b"":
+            lines.pop()
+        for i, line in enumerate(lines):
             if first + i >= start:
                 yield json.loads(line)
 

@@ -39,6 +39,7 @@ from app.schemas.worker import (
     RegisterRequest,
     RegisterResponse,
     StopRequest,
+    WorkerLimits,
 )
 from app.services import experiments, queue, traces, workers
 from app.services.auth import Principal
@@ -71,6 +72,11 @@ def register(
         lease_seconds=settings.lease_seconds,
         # Often enough that a cancel reaches a running experiment within about 2 s.
         heartbeat_seconds=max(0.2, min(settings.lease_seconds / 3, 2.0)),
+        limits=WorkerLimits(
+            max_body_bytes=settings.max_body_bytes,
+            max_trace_chunk_bytes=settings.max_trace_chunk_bytes,
+            max_trace_chunk_events=settings.max_trace_chunk_events,
+        ),
     )
 
 
@@ -181,10 +187,16 @@ async def upload_trace(
         if len(body) > settings.max_trace_chunk_bytes:
             break
 
+    data = bytes(body)
+    del body
+
     def store() -> int:
+        # Checked before the lease's row is locked: a large chunk holds no lock meanwhile.
+        events = traces.check_chunk(data, settings)
         with db.session() as s:
             exp = queue.owned(s, experiment_id, x_lease_token)
-            return traces.store_chunk(s, exp, seq, bytes(body), settings)
+            traces.store_chunk(s, exp, seq, data, events)
+        return events
 
     return {"seq": seq, "events": await run_in_threadpool(store)}
 
