@@ -9,6 +9,11 @@ import httpx
 
 log = logging.getLogger("vramlab.worker")
 T = TypeVar("T")
+# How much of a refusal's body a worker keeps (logs, the failure it reports instead).
+REFUSAL_CHARS = 500
+STOP_POLL_S = 0.1
+# On the way out the worker does not wait long for an API that does not answer.
+STOP_TIMEOUT_S = 1.0
 
 
 class LeaseLost(Exception):
@@ -17,6 +22,25 @@ class LeaseLost(Exception):
 
 class UnknownWorker(Exception):
     """The API does not know this worker id (404): register again."""
+
+
+class Refused(Exception):
+    """The API refused a call for good (a 4xx other than 409 and 429): retrying the same
+    request cannot help. ``message`` is the API's answer, cut to ``REFUSAL_CHARS``."""
+
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(f"{status_code}: {message}")
+        self.status_code = status_code
+        self.message = message
+
+
+def _refusal_text(response: httpx.Response) -> str:
+    try:
+        error = response.json()["error"]
+        text = f"{error['type']}: {error['message']}"
+    except (ValueError, KeyError, TypeError):
+        text = response.text
+    return text[:REFUSAL_CHARS]
 
 
 class ApiClient:
@@ -28,11 +52,14 @@ class ApiClient:
         self.http.close()
 
     def _check(self, response: httpx.Response) -> httpx.Response:
-        if response.status_code == 409:
+        code = response.status_code
+        if code == 409:
             raise LeaseLost(response.text)
-        if response.status_code == 404 and "worker" in response.text:
+        if code == 404 and "worker" in response.text:
             raise UnknownWorker(response.text)
-        response.raise_for_status()
+        if 400 <= code < 500 and code != 429:
+            raise Refused(code, _refusal_text(response))
+        response.raise_for_status()  # 5xx and 429: with_retry tries again
         return response
 
     def register(self, name: str, hostname: str, capabilities: dict[str, Any]) -> dict[str, Any]:
@@ -74,6 +101,11 @@ class ApiClient:
         body = {"lease_token": token}
         self._check(self.http.post(f"/v1/worker/experiments/{exp_id}/release", json=body))
 
+    def stop(self, worker_id: str) -> None:
+        """Tell the API this worker is leaving: it stops counting as live at once."""
+        body = {"worker_id": worker_id}
+        self._check(self.http.post("/v1/worker/stop", json=body, timeout=STOP_TIMEOUT_S))
+
 
 def with_retry(
     call: Callable[[], T],
@@ -82,23 +114,24 @@ def with_retry(
     should_stop: Callable[[], bool],
     max_delay: float = 10.0,
 ) -> T | None:
-    """Call until it succeeds, backing off on network errors and 5xx answers.
+    """Call until it succeeds, backing off on network errors, 5xx and 429 answers.
 
-    Other errors (4xx, LeaseLost, UnknownWorker) go to the caller. Returns None when
-    asked to stop before a call succeeded.
+    Other errors (Refused, LeaseLost, UnknownWorker) go to the caller. Returns None when
+    asked to stop before a call succeeded; the back-off looks at ``should_stop`` every
+    ``STOP_POLL_S``, so a stop is never held up by a long delay.
     """
     delay = 0.2
     while not should_stop():
         try:
             return call()
         except httpx.HTTPStatusError as exc:
-            if exc.response.status_code < 500 and exc.response.status_code != 429:
-                raise
             log.warning(
                 "%s: API answered %s; retrying in %.1fs", what, exc.response.status_code, delay
             )
         except httpx.TransportError as exc:
             log.warning("%s: API unreachable (%s); retrying in %.1fs", what, exc, delay)
-        time.sleep(delay)
+        until = time.monotonic() + delay
+        while not should_stop() and (left := until - time.monotonic()) > 0:
+            time.sleep(min(STOP_POLL_S, left))
         delay = min(max_delay, delay * 2)
     return None

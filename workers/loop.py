@@ -2,27 +2,29 @@
 
 It talks to the API over HTTP only and never imports torch: the runner owns the
 process that has torch. A first SIGTERM (or Ctrl-C) stops claiming and lets the
-running experiment finish; a second one cancels it and gives the lease back.
+running experiment finish; a second one cancels it and gives the lease back. A signal
+that arrives while the worker waits for work cuts the wait short: an idle worker exits
+at once, and an experiment the API handed out after the signal goes back unrun.
+
+Nothing one experiment produces ends the loop: an outcome the API refuses (too large,
+invalid) is replaced by a short ``report_refused`` failure, and the worker goes on.
 """
 
-import gzip
-import itertools
 import logging
 import shutil
 import signal
 import socket
 import tempfile
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from app.contract import Status
-from workers.client import ApiClient, LeaseLost, UnknownWorker, with_retry
+from workers.client import LeaseLost, Refused, UnknownWorker, with_retry
+from workers.outcome import Limits, OutOfLimits, refused, report_body, trace_chunks
 
 log = logging.getLogger("vramlab.worker")
-TRACE_CHUNK_EVENTS = 50_000
 
 
 class OutcomeLike(Protocol):
@@ -42,9 +44,31 @@ class RunnerLike(Protocol):
     def close(self) -> None: ...
 
 
+class ClientLike(Protocol):
+    """The worker protocol as the loop uses it (workers.client.ApiClient over HTTP)."""
+
+    def register(
+        self, name: str, hostname: str, capabilities: dict[str, Any]
+    ) -> dict[str, Any]: ...
+    def claim(self, worker_id: str, wait_s: float) -> dict[str, Any] | None: ...
+    def heartbeat(self, exp_id: str, token: str) -> dict[str, Any]: ...
+    def upload_trace(self, exp_id: str, token: str, seq: int, gz: bytes) -> None: ...
+    def report(self, exp_id: str, token: str, outcome: dict[str, Any]) -> None: ...
+    def release(self, exp_id: str, token: str) -> None: ...
+    def stop(self, worker_id: str) -> None: ...
+
+
+class ClaimCut(BaseException):
+    """Raised by the signal handler inside a waiting claim to cut it short.
+
+    A BaseException, like KeyboardInterrupt, so that no ``except Exception`` on the way
+    (the HTTP stack's) swallows it.
+    """
+
+
 @dataclass
 class Lease:
-    """One claimed experiment while it runs: what the heartbeat thread learned."""
+    """One claimed experiment until its outcome is stored: what the heartbeats learned."""
 
     exp_id: str
     token: str
@@ -53,18 +77,10 @@ class Lease:
     done: threading.Event = field(default_factory=threading.Event)
 
 
-def trace_chunks(path: Path, size: int = TRACE_CHUNK_EVENTS) -> Iterator[bytes]:
-    """The runner's gzip NDJSON trace, re-cut into gzip chunks of ``size`` events."""
-    with gzip.open(path, "rb") as f:
-        lines = (line for line in f if line.strip())
-        while batch := list(itertools.islice(lines, size)):
-            yield gzip.compress(b"".join(batch), compresslevel=6)
-
-
 class WorkerLoop:
     def __init__(
         self,
-        client: ApiClient,
+        client: ClientLike,
         runner: RunnerLike,
         *,
         name: str | None = None,
@@ -76,29 +92,31 @@ class WorkerLoop:
         self.name = name or socket.gethostname()
         self.wait_s = wait_s
         self.max_experiments = max_experiments
+        # Set by the signal handler. The main thread only polls them (is_set): a handler
+        # that set an Event the interrupted main thread was inside could deadlock.
         self.stopping = threading.Event()
         self.aborting = threading.Event()
         self.worker_id: str | None = None
         self.heartbeat_seconds = 10.0
+        self.limits = Limits()
         self.capabilities: dict[str, Any] = {}
+        self._claiming = False
 
     # -- signals -----------------------------------------------------------------
-    def install_signal_handlers(self) -> None:
-        def handle(signum: int, _frame: object) -> None:
-            if self.stopping.is_set():
-                log.warning(
-                    "second %s: cancelling the running experiment", signal.Signals(signum).name
-                )
-                self.aborting.set()
-            else:
-                log.info(
-                    "%s: finishing the current experiment, then exiting",
-                    signal.Signals(signum).name,
-                )
-                self.stopping.set()
+    def on_signal(self, signum: int, _frame: object = None) -> None:
+        name = signal.Signals(signum).name
+        if self.stopping.is_set():
+            log.warning("second %s: cancelling the running experiment", name)
+            self.aborting.set()
+        else:
+            log.info("%s: finishing the current experiment, then exiting", name)
+            self.stopping.set()
+        if self._claiming:
+            raise ClaimCut
 
-        signal.signal(signal.SIGTERM, handle)
-        signal.signal(signal.SIGINT, handle)
+    def install_signal_handlers(self) -> None:
+        signal.signal(signal.SIGTERM, self.on_signal)
+        signal.signal(signal.SIGINT, self.on_signal)
 
     # -- main loop ---------------------------------------------------------------
     def register(self) -> bool:
@@ -111,36 +129,68 @@ class WorkerLoop:
             return False
         self.worker_id = reply["worker_id"]
         self.heartbeat_seconds = float(reply["heartbeat_seconds"])
+        self.limits = Limits.from_reply(reply.get("limits"))
         log.info(
             "registered as %s (%s)", self.worker_id, ", ".join(self.capabilities["device_types"])
         )
         return True
 
     def run(self) -> int:
-        self.runner.start()
-        self.capabilities = self.runner.capabilities()
+        if not self.capabilities:  # the command probes before it starts the loop
+            self.runner.start()
+            self.capabilities = self.runner.capabilities()
         if not self.register():
             return 0
         done = 0
-        while not self.stopping.is_set():
-            if self.max_experiments is not None and done >= self.max_experiments:
-                break
-            try:
-                claimed = with_retry(
-                    lambda: self.client.claim(str(self.worker_id), self.wait_s),
-                    what="claim",
-                    should_stop=self.stopping.is_set,
-                )
-            except UnknownWorker:
-                log.warning("the API forgot this worker; registering again")
-                if not self.register():
+        try:
+            while not self.stopping.is_set():
+                if self.max_experiments is not None and done >= self.max_experiments:
                     break
-                continue
-            if claimed is None:
-                continue
-            self.execute(claimed)
-            done += 1
+                try:
+                    claimed = self._claim()
+                except ClaimCut:  # the signal landed as the claim call was returning
+                    break
+                except UnknownWorker:
+                    log.warning("the API forgot this worker; registering again")
+                    if not self.register():
+                        break
+                    continue
+                if claimed is None:
+                    continue
+                if self.stopping.is_set():
+                    log.info("%s was claimed after the signal: giving it back", claimed["id"])
+                    self._release(claimed["id"], claimed["lease_token"])
+                    break
+                self.execute(claimed)
+                done += 1
+        finally:
+            self._leave()
         return done
+
+    def _claim(self) -> dict[str, Any] | None:
+        """One long-poll for work, which a signal cuts short (see ``on_signal``)."""
+        self._claiming = True
+        try:
+            if self.stopping.is_set():  # a signal came just before the flag went up
+                return None
+            return with_retry(
+                lambda: self.client.claim(str(self.worker_id), self.wait_s),
+                what="claim",
+                should_stop=self.stopping.is_set,
+            )
+        except ClaimCut:
+            return None
+        finally:
+            self._claiming = False
+
+    def _leave(self) -> None:
+        """Tell the API this worker is gone, so that it stops counting it as live."""
+        if self.worker_id is None:
+            return
+        try:
+            self.client.stop(self.worker_id)
+        except Exception as exc:  # best effort: the API may be down or older
+            log.info("could not tell the API this worker stopped: %s", exc)
 
     # -- one experiment ----------------------------------------------------------
     def _heartbeats(self, lease: Lease) -> None:
@@ -166,6 +216,7 @@ class WorkerLoop:
             spec["dtype"],
             spec["device"],
         )
+        # Heartbeats run until the outcome is stored: a long upload keeps its lease.
         beat = threading.Thread(target=self._heartbeats, args=(lease,), daemon=True)
         beat.start()
         work_dir = Path(tempfile.mkdtemp(prefix="vramlab-"))
@@ -177,8 +228,6 @@ class WorkerLoop:
                 ),
                 work_dir=work_dir,
             )
-            lease.done.set()
-            beat.join()
             if lease.lost:
                 return
             if (
@@ -186,14 +235,17 @@ class WorkerLoop:
                 and self.aborting.is_set()
                 and not lease.cancel_requested
             ):
-                self._call(lambda: self.client.release(lease.exp_id, lease.token), "release")
+                self._release(lease.exp_id, lease.token)
                 return
             self._report(lease, outcome)
         finally:
             lease.done.set()
+            beat.join()
             shutil.rmtree(work_dir, ignore_errors=True)
 
     def _call(self, fn: Any, what: str) -> bool:
+        """One protocol call, retried while the API is unreachable; False if the lease is
+        lost. Refused goes to the caller."""
         try:
             with_retry(fn, what=what, should_stop=lambda: False)
         except LeaseLost:
@@ -201,26 +253,48 @@ class WorkerLoop:
             return False
         return True
 
+    def _release(self, exp_id: str, token: str) -> None:
+        try:
+            self._call(lambda: self.client.release(exp_id, token), "release")
+        except Refused as exc:  # the lease expires by itself
+            log.warning("%s: release refused (%s)", exp_id, exc)
+
     def _report(self, lease: Lease, outcome: OutcomeLike) -> None:
+        try:
+            body = self._upload(lease, outcome)
+            if body is None:
+                return
+            if self._send(lease, body):
+                error = body["error"]
+                log.info("%s: %s", lease.exp_id, body["status"] if error is None else error["type"])
+        except Refused as exc:
+            log.error("%s: the API refused the outcome (%s)", lease.exp_id, exc)
+            self._send_refused(lease, "report", f"the API answered {exc}")
+
+    def _upload(self, lease: Lease, outcome: OutcomeLike) -> dict[str, Any] | None:
+        """Upload the trace, then return the report to send (None if the lease is lost)."""
         events = 0
         if outcome.trace_path is not None and outcome.trace_path.exists():
-            for seq, gz in enumerate(trace_chunks(outcome.trace_path)):
+            try:
+                for seq, gz in enumerate(trace_chunks(outcome.trace_path, self.limits)):
 
-                def upload(seq: int = seq, gz: bytes = gz) -> None:
-                    self.client.upload_trace(lease.exp_id, lease.token, seq, gz)
+                    def upload(seq: int = seq, gz: bytes = gz) -> None:
+                        self.client.upload_trace(lease.exp_id, lease.token, seq, gz)
 
-                if not self._call(upload, "trace upload"):
-                    return
+                    if not self._call(upload, f"trace upload {seq}"):
+                        return None
+            except (OutOfLimits, Refused) as exc:
+                log.error("%s: trace not stored: %s", lease.exp_id, exc)
+                return refused("trace", str(exc), self.limits)
             events = outcome.trace_events
-        body = {
-            "status": outcome.status,
-            "result": outcome.result,
-            "error": outcome.error,
-            "trace_events": events,
-        }
-        if self._call(lambda: self.client.report(lease.exp_id, lease.token, body), "report"):
-            log.info(
-                "%s: %s",
-                lease.exp_id,
-                outcome.status if outcome.error is None else outcome.error["type"],
-            )
+        return report_body(outcome.status, outcome.result, outcome.error, events, self.limits)
+
+    def _send(self, lease: Lease, body: dict[str, Any]) -> bool:
+        return self._call(lambda: self.client.report(lease.exp_id, lease.token, body), "report")
+
+    def _send_refused(self, lease: Lease, what: str, why: str) -> None:
+        try:
+            self._send(lease, refused(what, why, self.limits))
+        except Refused as exc:
+            # Even the short failure: leave it to the lease, which ends it as `lost`.
+            log.error("%s: the API refused the short failure too (%s)", lease.exp_id, exc)
