@@ -5,9 +5,9 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Sequence
 
 from app.core.config import get_settings
@@ -47,37 +47,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_worker(args: argparse.Namespace) -> int:
-    from workers.client import ApiClient
-    from workers.crew import install_signal_handlers, run_all
-    from workers.loop import WorkerLoop
-    from workers.runner import Runner
-
-    token = args.token or os.environ.get("VRAMLAB_WORKER_TOKEN")
-    runner = Runner(
-        device=args.device, warm=not args.cold, concurrency=args.concurrency, spares=args.spares
-    )
-    clients = [ApiClient(args.api, token=token) for _ in range(args.concurrency)]
-    name = args.name or socket.gethostname()
-    loops = [
-        WorkerLoop(
-            client,
-            runner,
-            name=name if args.concurrency == 1 else f"{name}/{i}",
-            max_experiments=args.max_experiments,
-        )
-        for i, client in enumerate(clients)
-    ]
-    install_signal_handlers(loops)
-    try:
-        run_all(loops)
-    finally:
-        runner.close()
-        for client in clients:
-            client.close()
-    return 0
-
-
 def cmd_up(args: argparse.Namespace) -> int:
     """The API with an embedded database and one local worker, in one command."""
     settings = get_settings()
@@ -89,7 +58,7 @@ def cmd_up(args: argparse.Namespace) -> int:
     # it can work wherever tokens are required without turning them on by itself.
     token = settings.worker_token or secrets.token_urlsafe(32)
     worker = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "worker", "--api", api, "--device", args.device],
+        [sys.executable, "-m", "workers.cli", "--api", api, "--device", args.device],
         env={**os.environ, "VRAMLAB_WORKER_TOKEN": token},
     )
     log.info("vramlab: API on %s (docs at %s/docs), database %s", api, api, settings.database_url)
@@ -97,6 +66,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     # handlers restored under it, that re-raise returns here so the worker is stopped too.
     signal.signal(signal.SIGTERM, lambda *_: None)
     signal.signal(signal.SIGINT, lambda *_: None)
+    leaving, died = threading.Event(), threading.Event()
+    threading.Thread(target=_stop_if_worker_dies, args=(worker, leaving, died), daemon=True).start()
     try:
         serve = argparse.Namespace(
             host=args.host,
@@ -105,14 +76,38 @@ def cmd_up(args: argparse.Namespace) -> int:
             log_level=args.log_level,
             local_worker_token=None if settings.worker_token else token,
         )
-        return cmd_serve(serve)
+        code = cmd_serve(serve)
     finally:
+        leaving.set()
         if worker.poll() is None:
             worker.send_signal(signal.SIGTERM)
             try:
                 worker.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 worker.kill()
+    return 1 if died.is_set() else code  # a dead worker: nothing ran the API's work
+
+
+def _stop_if_worker_dies(
+    worker: "subprocess.Popen[bytes]", leaving: threading.Event, died: threading.Event
+) -> None:
+    """`up` without its worker would accept work that nothing runs: stop the API too."""
+    code = worker.wait()
+    if leaving.is_set():
+        return
+    if code == 0:  # it was stopped (Ctrl-C reaches both processes): the API follows
+        log.info("vramlab up: the worker stopped; stopping the API too")
+    else:
+        died.set()
+        log.error(
+            "vramlab up: the worker exited (code %s) before the API; stopping the API, since "
+            "no worker would run what it accepts. The worker's log above says why.",
+            code,
+        )
+    # Until uvicorn has its handlers in place a signal is ignored here: send until it stops.
+    while not leaving.is_set():
+        os.kill(os.getpid(), signal.SIGTERM)
+        leaving.wait(1.0)
 
 
 def cmd_token(args: argparse.Namespace) -> int:
@@ -164,34 +159,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-migrate", action="store_true", help="do not upgrade the schema first")
     p.set_defaults(func=cmd_serve)
 
-    p = sub.add_parser("worker", help="run a worker that claims experiments from an API")
-    p.add_argument("--api", default=os.environ.get("VRAMLAB_API_URL", "http://127.0.0.1:8000"))
-    p.add_argument("--token", default=None, help="worker token (default: VRAMLAB_WORKER_TOKEN)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument("--name", default=None)
-    p.add_argument("--max-experiments", type=int, default=None, help="exit after this many")
-    p.add_argument(
-        "--concurrency",
-        type=int,
-        default=1,
-        choices=range(1, 65),
-        metavar="N",
-        help="experiments run at once on this host's device (default 1)",
-    )
-    p.add_argument(
-        "--spares",
-        type=int,
-        default=None,
-        choices=range(1, 65),
-        metavar="K",
-        help="warm spare children kept ready per device (default: the concurrency)",
-    )
-    p.add_argument(
-        "--cold",
-        action="store_true",
-        help="no warm spare children: fork each experiment's child when it is claimed",
-    )
-    p.set_defaults(func=cmd_worker)
+    from workers import cli as worker_cli  # the worker's command lives on its side
+
+    worker_cli.add_parser(sub)
 
     p = sub.add_parser("migrate", help="upgrade the database schema (Alembic)")
     p.set_defaults(func=cmd_migrate)

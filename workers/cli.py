@@ -1,0 +1,123 @@
+"""The ``vramlab worker`` command: check what the worker needs, then run its loop.
+
+It imports no web stack (FastAPI, SQLAlchemy, uvicorn) and no torch: a GPU host needs
+the worker's packages and a URL, and torch loads in the runner's processes only.
+``app.cli`` adds this command to ``vramlab`` and dispatches to it.
+"""
+
+import argparse
+import importlib.util
+import logging
+import os
+import socket
+import sys
+from collections.abc import Sequence
+
+log = logging.getLogger("vramlab.worker")
+# What a worker cannot run a single experiment without (the `worker` extra).
+NEEDS = {"torch": "PyTorch", "psutil": "psutil (host memory figures)"}
+EXIT_UNFIT = 3  # the host cannot run a worker as asked; it did not register
+
+
+class Unfit(Exception):
+    """This host cannot be the worker asked for; the message says why and what to do."""
+
+
+def check_packages() -> None:
+    missing = [what for name, what in NEEDS.items() if importlib.util.find_spec(name) is None]
+    if missing:
+        raise Unfit(
+            f"missing {', '.join(missing)}: install the worker's packages "
+            "(pip install 'vramlab[worker]') in this Python environment"
+        )
+
+
+def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    p = sub.add_parser("worker", help="run a worker that claims experiments from an API")
+    p.add_argument("--api", default=os.environ.get("VRAMLAB_API_URL", "http://127.0.0.1:8000"))
+    p.add_argument("--token", default=None, help="worker token (default: VRAMLAB_WORKER_TOKEN)")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--name", default=None)
+    p.add_argument("--max-experiments", type=int, default=None, help="exit after this many")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        choices=range(1, 65),
+        metavar="N",
+        help="experiments run at once on this host's device (default 1)",
+    )
+    p.add_argument(
+        "--spares",
+        type=int,
+        default=None,
+        choices=range(1, 65),
+        metavar="K",
+        help="warm spare children kept ready per device (default: the concurrency)",
+    )
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="no warm spare children: fork each experiment's child when it is claimed",
+    )
+    p.set_defaults(func=cmd_worker)
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from workers.client import ApiClient
+    from workers.crew import install_signal_handlers, run_all
+    from workers.loop import WorkerLoop
+    from workers.runner import Runner
+
+    try:
+        check_packages()
+    except Unfit as exc:
+        log.error("vramlab worker cannot start: %s", exc)
+        return EXIT_UNFIT
+    token = args.token or os.environ.get("VRAMLAB_WORKER_TOKEN")
+    runner = Runner(
+        device=args.device, warm=not args.cold, concurrency=args.concurrency, spares=args.spares
+    )
+    clients = [ApiClient(args.api, token=token) for _ in range(args.concurrency)]
+    name = args.name or socket.gethostname()
+    loops = [
+        WorkerLoop(
+            client,
+            runner,
+            name=name if args.concurrency == 1 else f"{name}/{i}",
+            max_experiments=args.max_experiments,
+        )
+        for i, client in enumerate(clients)
+    ]
+    install_signal_handlers(loops)
+    try:
+        # The runner's start and capabilities probe run before registering: a host without
+        # what was asked for (a CUDA device) never takes work.
+        try:
+            runner.start()
+            capabilities = runner.capabilities()
+        except RuntimeError as exc:
+            log.error("vramlab worker cannot start: %s", exc)
+            return EXIT_UNFIT
+        for loop in loops:
+            loop.capabilities = capabilities
+        run_all(loops)
+    finally:
+        runner.close()
+        for client in clients:
+            client.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    parser = argparse.ArgumentParser(prog="vramlab-worker", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_parser(sub)
+    args = parser.parse_args(["worker", *(sys.argv[1:] if argv is None else argv)])
+    code: int = args.func(args)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
