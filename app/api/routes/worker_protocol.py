@@ -5,9 +5,9 @@ experiment gets 409 ``lease_lost``, so a worker presumed dead never overwrites a
 """
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Request, Response
 from starlette.concurrency import run_in_threadpool
@@ -123,17 +123,38 @@ async def claim(
     await run_in_threadpool(_check_owner, db, req.worker_id, who)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(req.wait_s, settings.claim_wait_seconds)
-    while True:
-        woken = signal.current()  # taken before looking, so no wake-up slips between
-        if await request.is_disconnected():
-            return Response(status_code=204)
-        claimed = await run_in_threadpool(_try_claim, db, req.worker_id, settings, clock)
-        if claimed is not None:
-            return claimed
-        remaining = deadline - loop.time()
-        if remaining <= 0:
-            return Response(status_code=204)
-        await wait_for(woken, min(remaining, settings.claim_poll_seconds))
+    # A worker that stops cuts its poll short by closing the connection: notice it at
+    # once, so that nothing is claimed for it and a shutting-down server is not held up.
+    gone = asyncio.ensure_future(_client_gone(request))
+    try:
+        while True:
+            woken = signal.current()  # taken before looking, so no wake-up slips between
+            if gone.done():
+                return Response(status_code=204)
+            claimed = await run_in_threadpool(_try_claim, db, req.worker_id, settings, clock)
+            if claimed is not None:
+                return claimed
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return Response(status_code=204)
+            await _first(gone, wait_for(woken, min(remaining, settings.claim_poll_seconds)))
+    finally:
+        gone.cancel()
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns when the client disconnects. The body was read already: the server's
+    receive waits until the connection ends (or the response is sent)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _first(gone: "asyncio.Future[None]", wake: Coroutine[Any, Any, bool]) -> None:
+    waiting = asyncio.ensure_future(wake)
+    try:
+        await asyncio.wait({gone, waiting}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiting.cancel()
 
 
 ExperimentId = Annotated[str, Path(max_length=64)]
