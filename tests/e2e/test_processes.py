@@ -1,8 +1,11 @@
 """End to end: the real `vramlab` processes, started as the README starts them."""
 
 import json
+import os
 import re
+import signal
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,7 +14,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
-from tests.e2e.procs import VRAMLAB, env_for, stop, wait_done, wait_ready
+from tests.e2e.procs import VRAMLAB, env_for, kill_group, start, stop, wait_done, wait_ready
 
 pytestmark = pytest.mark.slow
 
@@ -206,3 +209,85 @@ def test_readme_examples_on_cuda(cuda_service: str) -> None:
         assert any("cuBLAS" in note for note in done_matmul["result"]["notes"])
         trace = client.get(f"/v1/experiments/{ids[0]}/trace", params={"action": "alloc"}).json()
         assert sum(e["size"] == 4_000_000 for e in trace["events"]) >= 3
+
+
+def _live_workers(url: str) -> list[dict[str, Any]]:
+    try:
+        return [w for w in httpx.get(f"{url}/v1/workers", timeout=5).json() if w["live"]]
+    except httpx.TransportError:
+        return []
+
+
+def _wait_for_a_worker(url: str, proc: subprocess.Popen[bytes], seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not _live_workers(url):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError("the worker never registered")
+        time.sleep(0.1)
+
+
+def test_an_idle_worker_exits_at_once_on_sigterm(database_url: str, tmp_path: Path) -> None:
+    """The claim long-polls for 20 s; a signal cuts it short instead of waiting it out."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = env_for(database_url, VRAMLAB_CLAIM_WAIT_SECONDS="60")
+    api = start(["serve", "--port", str(port)], env, tmp_path / "api.log")
+    worker = None
+    try:
+        wait_ready(url, api)
+        worker = start(["worker", "--api", url, "--device", "cpu"], env, tmp_path / "worker.log")
+        _wait_for_a_worker(url, worker)
+        began = time.monotonic()
+        code = stop(worker)
+        took = time.monotonic() - began
+        print(f"idle worker: exited {took:.2f} s after SIGTERM")
+        assert code == 0, (tmp_path / "worker.log").read_text()[-3000:]
+        assert took < 10, f"the idle worker took {took:.1f} s to exit"
+    finally:
+        if worker is not None:
+            kill_group(worker)
+        stop(api)
+
+
+def test_ctrl_c_stops_vramlab_up_at_once(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "up.log"
+    up = start(
+        ["up", "--port", str(port), "--device", "cpu"],
+        env_for(f"sqlite:///{tmp_path / 'up.db'}"),
+        log,
+    )
+    try:
+        wait_ready(url, up)
+        _wait_for_a_worker(url, up)
+        began = time.monotonic()
+        os.killpg(up.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group
+        code = up.wait(timeout=60)
+        took = time.monotonic() - began
+        print(f"vramlab up: exited {took:.2f} s after Ctrl-C")
+        assert code == 0, log.read_text()[-3000:]
+        assert took < 10, f"vramlab up took {took:.1f} s to exit"
+    finally:
+        kill_group(up)
+
+
+def test_vramlab_up_without_its_worker_stops(tmp_path: Path) -> None:
+    """`up --device cuda` on a host with no GPU: the worker refuses to start, and `up`
+    says so and exits rather than serve an API that nothing would run work for."""
+    if _cuda_available():
+        pytest.skip("this host has a GPU")
+    port = free_port()
+    log = tmp_path / "up.log"
+    up = start(
+        ["up", "--port", str(port), "--device", "cuda"],
+        env_for(f"sqlite:///{tmp_path / 'up.db'}"),
+        log,
+    )
+    try:
+        code = up.wait(timeout=180)
+    finally:
+        kill_group(up)
+    text = log.read_text()
+    assert code != 0, text[-3000:]
+    assert "no usable CUDA device" in text and "stopping the API" in text
