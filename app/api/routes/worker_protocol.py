@@ -151,8 +151,9 @@ async def _client_gone(request: Request) -> None:
 
 async def _first(gone: "asyncio.Future[None]", wake: Coroutine[Any, Any, bool]) -> None:
     waiting = asyncio.ensure_future(wake)
+    either: set[asyncio.Future[Any]] = {gone, waiting}
     try:
-        await asyncio.wait({gone, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
     finally:
         waiting.cancel()
 
