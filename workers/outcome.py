@@ -27,7 +27,7 @@ REPORT_OVERHEAD_BYTES = 1024
 class Limits:
     """The API's limits, as it states them at registration (contract defaults otherwise)."""
 
-    max_body_bytes: int = contract.MAX_BODY_BYTES
+    max_body_bytes: int = contract.MAX_OUTCOME_BYTES
     max_trace_chunk_bytes: int = contract.MAX_TRACE_CHUNK_BYTES
     max_trace_chunk_events: int = contract.MAX_TRACE_CHUNK_EVENTS
     max_error_message_chars: int = contract.MAX_ERROR_MESSAGE_CHARS
@@ -90,7 +90,12 @@ def report_body(
     trace_events: int,
     limits: Limits,
 ) -> dict[str, Any]:
-    """The report as it will be sent; a result too large for the API becomes a failure."""
+    """The report as it will be sent; a result too large for the API becomes a failure.
+
+    Only the limits are checked here. The shape of the result is the API's to judge (a
+    worker a version apart must not turn good figures into failures): a 422 comes back
+    as Refused, and the loop reports that instead.
+    """
     body = {
         "status": status,
         "result": result,

@@ -202,7 +202,7 @@ def test_an_outcome_past_the_apis_limits_is_fitted_before_it_is_sent() -> None:
         [
             Outcome("failed", None, {"type": "crashed", "message": long, "hint": "h"}, None, 0),
             succeeded(notes=["y" * 2**20]),  # over the 1 MiB body limit
-            succeeded(ratio=float("nan")),  # not JSON
+            succeeded(timing={"method": "perf_counter", "median_s": float("nan")}),  # not JSON
         ]
     )
     api, runner = FakeApi(n=3), FakeRunner(lambda **_: next(failures))
