@@ -8,6 +8,8 @@ import time
 from typing import Any
 
 import httpx
+import pytest
+from sqlalchemy import create_engine, text
 
 from tests.api.test_auth import bearer, create_token
 from tests.conftest import LiveServer, make_settings
@@ -320,3 +322,39 @@ def test_an_outcome_must_count_the_trace_it_uploaded(client: httpx.Client) -> No
     assert short.status_code == 400 and "30" in short.json()["error"]["message"]
     assert client.get(f"/v1/experiments/{exp['id']}").json()["status"] == "running"
     assert client.post(f"{url}/result", json={**body, "trace_events": 30}).status_code == 200
+
+
+def test_a_claim_whose_worker_left_gives_the_experiment_back(database_url: str) -> None:
+    """A worker cut its poll short (it is stopping) while the claim waited for the
+    database: the claim that then succeeds is given back, not left running unseen."""
+    settings = make_settings(database_url, claim_wait_seconds=5.0)
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=30) as client:
+        exp = submit(client)
+        worker_id = register(client)
+        (registered,) = client.get("/v1/workers").json()
+        engine = create_engine(database_url)
+        try:
+            with engine.connect() as holder:
+                # Another writer holds the queue, so the claim waits inside the database.
+                if engine.dialect.name == "sqlite":
+                    holder.exec_driver_sql("BEGIN IMMEDIATE")
+                else:
+                    holder.execute(text("LOCK TABLE experiments IN ACCESS EXCLUSIVE MODE"))
+                with pytest.raises(httpx.ReadTimeout):  # the worker gives up and goes
+                    client.post(
+                        "/v1/worker/claim",
+                        json={"worker_id": worker_id, "wait_s": 5},
+                        timeout=httpx.Timeout(30, read=1.0),
+                    )
+                holder.rollback()
+        finally:
+            engine.dispose()
+        deadline = time.monotonic() + 30
+        # The claim has run once the worker was seen again (a claim touches its worker).
+        while client.get("/v1/workers").json()[0]["last_seen_at"] == registered["last_seen_at"]:
+            assert time.monotonic() < deadline, "the claim never ran"
+            time.sleep(0.05)
+        while (got := client.get(f"/v1/experiments/{exp['id']}").json())["status"] == "running":
+            assert time.monotonic() < deadline, got
+            time.sleep(0.05)
+        assert got["status"] == "queued" and got["attempts"] == 0, got

@@ -104,6 +104,11 @@ def _try_claim(
         )
 
 
+def _give_back(db: Database, claimed: ClaimedExperiment, clock: Callable[[], datetime]) -> None:
+    with db.session() as s:
+        queue.release(s, claimed.id, claimed.lease_token, clock())
+
+
 @router.post(
     "/claim",
     response_model=ClaimedExperiment,
@@ -132,6 +137,11 @@ async def claim(
             if gone.done():
                 return Response(status_code=204)
             claimed = await run_in_threadpool(_try_claim, db, req.worker_id, settings, clock)
+            if claimed is not None and gone.done():
+                # The worker left while this claim waited for the database: nobody would
+                # read the answer, so the experiment goes back unrun.
+                await run_in_threadpool(_give_back, db, claimed, clock)
+                return Response(status_code=204)
             if claimed is not None:
                 return claimed
             remaining = deadline - loop.time()
