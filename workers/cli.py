@@ -17,6 +17,7 @@ log = logging.getLogger("vramlab.worker")
 # What a worker cannot run a single experiment without (the `worker` extra).
 NEEDS = {"torch": "PyTorch", "psutil": "psutil (host memory figures)"}
 EXIT_UNFIT = 3  # the host cannot run a worker as asked; it did not register
+EXIT_REFUSED = 4  # the API refused the worker itself (a wrong token, a bad registration)
 
 
 class Unfit(Exception):
@@ -64,7 +65,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from workers.client import ApiClient
+    from workers.client import ApiClient, Refused
     from workers.crew import install_signal_handlers, run_all
     from workers.loop import WorkerLoop
     from workers.runner import Runner
@@ -101,7 +102,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
             return EXIT_UNFIT
         for loop in loops:
             loop.capabilities = capabilities
-        run_all(loops)
+        try:
+            run_all(loops)
+        except Refused as exc:
+            log.error("vramlab worker: the API at %s refused this worker: %s", args.api, exc)
+            return EXIT_REFUSED
     finally:
         runner.close()
         for client in clients:

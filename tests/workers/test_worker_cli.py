@@ -7,8 +7,8 @@ import sys
 import httpx
 import pytest
 
-from tests.conftest import LiveServer
-from workers.cli import EXIT_UNFIT
+from tests.conftest import LiveServer, make_settings
+from workers.cli import EXIT_REFUSED, EXIT_UNFIT
 
 
 def _cuda_available() -> bool:
@@ -48,3 +48,10 @@ def test_a_cuda_worker_without_a_gpu_exits_before_registering(
     assert done.returncode == EXIT_UNFIT, done.stderr
     assert "no usable CUDA device" in done.stderr
     assert client.get("/v1/workers").json() == []
+
+
+def test_a_worker_the_api_refuses_says_so_and_exits(database_url: str) -> None:
+    with LiveServer(make_settings(database_url, worker_token="s3cret")) as live:
+        done = worker(live.url, "--device", "cpu", "--token", "wrong")
+    assert done.returncode == EXIT_REFUSED, done.stderr
+    assert "refused this worker: 401" in done.stderr and "Traceback" not in done.stderr
