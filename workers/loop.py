@@ -269,7 +269,7 @@ class WorkerLoop:
                 log.info("%s: %s", lease.exp_id, body["status"] if error is None else error["type"])
         except Refused as exc:
             log.error("%s: the API refused the outcome (%s)", lease.exp_id, exc)
-            self._send_refused(lease, "report", f"the API answered {exc}")
+            self._send_refused(lease, "outcome", f"the API answered {exc}")
 
     def _upload(self, lease: Lease, outcome: OutcomeLike) -> dict[str, Any] | None:
         """Upload the trace, then return the report to send (None if the lease is lost)."""
@@ -293,8 +293,9 @@ class WorkerLoop:
         return self._call(lambda: self.client.report(lease.exp_id, lease.token, body), "report")
 
     def _send_refused(self, lease: Lease, what: str, why: str) -> None:
+        hint = "the API's answer, quoted here, says what it refused; the worker's log has more"
         try:
-            self._send(lease, refused(what, why, self.limits))
+            self._send(lease, refused(what, why, self.limits, hint))
         except Refused as exc:
             # Even the short failure: leave it to the lease, which ends it as `lost`.
             log.error("%s: the API refused the short failure too (%s)", lease.exp_id, exc)

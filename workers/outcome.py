@@ -55,7 +55,10 @@ def cut(text: str, limit: int) -> str:
     return text[: max(0, limit - len(marker))] + marker
 
 
-def refused(what: str, why: str, limits: Limits) -> dict[str, Any]:
+SIZE_HINT = "a smaller shape, fewer repeats or trace='none' keep what is sent small"
+
+
+def refused(what: str, why: str, limits: Limits, hint: str = SIZE_HINT) -> dict[str, Any]:
     """A short failure in place of an outcome the API refused or would refuse."""
     return {
         "status": Status.FAILED,
@@ -66,7 +69,7 @@ def refused(what: str, why: str, limits: Limits) -> dict[str, Any]:
                 f"the experiment ran, but its {what} could not be stored: {why}",
                 limits.max_error_message_chars,
             ),
-            "hint": "a smaller shape, fewer repeats or trace='none' keep what is sent small",
+            "hint": cut(hint, limits.max_error_hint_chars),
             "details": None,
         },
         "trace_events": 0,
