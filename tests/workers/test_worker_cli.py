@@ -3,11 +3,13 @@ and no registration (so no experiment is claimed by a worker that would fail it)
 
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.conftest import LiveServer, make_settings
+from tests.conftest import LiveServer, fresh_database, make_settings
 from workers.cli import EXIT_REFUSED, EXIT_UNFIT
 
 
@@ -15,6 +17,23 @@ def _cuda_available() -> bool:
     import torch
 
     return bool(torch.cuda.is_available())
+
+
+@pytest.fixture
+def sqlite_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """What is checked here happens before registering: one engine is enough."""
+    yield from fresh_database("sqlite", request, tmp_path)
+
+
+@pytest.fixture
+def api(sqlite_url: str) -> Iterator[LiveServer]:
+    with LiveServer(make_settings(sqlite_url)) as live:
+        yield live
+
+
+def workers_listed(api: LiveServer) -> list[object]:
+    listed: list[object] = httpx.get(f"{api.url}/v1/workers").json()
+    return listed
 
 
 def worker(api: str, *args: str, hide: str | None = None) -> subprocess.CompletedProcess[str]:
@@ -31,27 +50,25 @@ def worker(api: str, *args: str, hide: str | None = None) -> subprocess.Complete
 
 @pytest.mark.parametrize("module, words", [("torch", "PyTorch"), ("psutil", "psutil")])
 def test_a_worker_without_its_packages_exits_before_registering(
-    server: LiveServer, client: httpx.Client, module: str, words: str
+    api: LiveServer, module: str, words: str
 ) -> None:
-    done = worker(server.url, "--device", "cpu", hide=module)
+    done = worker(api.url, "--device", "cpu", hide=module)
     assert done.returncode == EXIT_UNFIT, done.stderr
     assert f"missing {words}" in done.stderr and "vramlab[worker]" in done.stderr
-    assert client.get("/v1/workers").json() == []
+    assert workers_listed(api) == []
 
 
-def test_a_cuda_worker_without_a_gpu_exits_before_registering(
-    server: LiveServer, client: httpx.Client
-) -> None:
+def test_a_cuda_worker_without_a_gpu_exits_before_registering(api: LiveServer) -> None:
     if _cuda_available():
         pytest.skip("this host has a GPU")
-    done = worker(server.url, "--device", "cuda")
+    done = worker(api.url, "--device", "cuda")
     assert done.returncode == EXIT_UNFIT, done.stderr
     assert "no usable CUDA device" in done.stderr
-    assert client.get("/v1/workers").json() == []
+    assert workers_listed(api) == []
 
 
-def test_a_worker_the_api_refuses_says_so_and_exits(database_url: str) -> None:
-    with LiveServer(make_settings(database_url, worker_token="s3cret")) as live:
+def test_a_worker_the_api_refuses_says_so_and_exits(sqlite_url: str) -> None:
+    with LiveServer(make_settings(sqlite_url, worker_token="s3cret")) as live:
         done = worker(live.url, "--device", "cpu", "--token", "wrong")
     assert done.returncode == EXIT_REFUSED, done.stderr
     assert "refused this worker: 401" in done.stderr and "Traceback" not in done.stderr
