@@ -4,7 +4,9 @@ It talks to the API over HTTP only and never imports torch: the runner owns the
 process that has torch. A first SIGTERM (or Ctrl-C) stops claiming and lets the
 running experiment finish; a second one cancels it and gives the lease back. A signal
 that arrives while the worker waits for work cuts the wait short: an idle worker exits
-at once, and an experiment the API handed out after the signal goes back unrun.
+at once, and an experiment the API handed out after the signal goes back unrun. This
+holds however the signal is handled (``install_signal_handlers`` here, or the crew's
+for several loops): the handler only sets ``stopping``.
 
 Nothing one experiment produces ends the loop: an outcome the API refuses (too large,
 invalid) is replaced by a short ``report_refused`` failure, and the worker goes on.
@@ -16,12 +18,13 @@ import signal
 import socket
 import tempfile
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from app.contract import Status
-from workers.client import LeaseLost, Refused, UnknownWorker, with_retry
+from workers.client import STOP_POLL_S, LeaseLost, Refused, UnknownWorker, with_retry
 from workers.outcome import Limits, OutOfLimits, refused, report_body, trace_chunks
 
 log = logging.getLogger("vramlab.worker")
@@ -58,12 +61,42 @@ class ClientLike(Protocol):
     def stop(self, worker_id: str) -> None: ...
 
 
-class ClaimCut(BaseException):
-    """Raised by the signal handler inside a waiting claim to cut it short.
+class _Poll:
+    """One claim call in a thread of its own, so that the loop can stop waiting for it.
 
-    A BaseException, like KeyboardInterrupt, so that no ``except Exception`` on the way
-    (the HTTP stack's) swallows it.
+    A signal only sets ``stopping``: the loop, which looks at it while it waits, leaves
+    the call behind. An answer that still comes (an experiment claimed after the
+    signal) is given back by ``late``, in the call's thread.
     """
+
+    def __init__(
+        self, call: Callable[[], dict[str, Any] | None], late: Callable[[dict[str, Any]], None]
+    ) -> None:
+        self.call, self.late = call, late
+        self.done = threading.Event()
+        self.result: dict[str, Any] | None = None
+        self.error: BaseException | None = None
+        self._lock = threading.Lock()
+        self._abandoned = False
+
+    def run(self) -> None:
+        try:
+            self.result = self.call()
+        except BaseException as exc:  # handed to the loop, which raises it
+            self.error = exc
+        with self._lock:
+            self.done.set()
+            abandoned = self._abandoned
+        if abandoned and self.result is not None:
+            self.late(self.result)
+
+    def abandon(self) -> bool:
+        """Leave the call behind; False if it had already answered."""
+        with self._lock:
+            if self.done.is_set():
+                return False
+            self._abandoned = True
+            return True
 
 
 @dataclass
@@ -100,7 +133,6 @@ class WorkerLoop:
         self.heartbeat_seconds = 10.0
         self.limits = Limits()
         self.capabilities: dict[str, Any] = {}
-        self._claiming = False
 
     # -- signals -----------------------------------------------------------------
     def on_signal(self, signum: int, _frame: object = None) -> None:
@@ -111,8 +143,6 @@ class WorkerLoop:
         else:
             log.info("%s: finishing the current experiment, then exiting", name)
             self.stopping.set()
-        if self._claiming:
-            raise ClaimCut
 
     def install_signal_handlers(self) -> None:
         signal.signal(signal.SIGTERM, self.on_signal)
@@ -148,8 +178,6 @@ class WorkerLoop:
                     break
                 try:
                     claimed = self._claim()
-                except ClaimCut:  # the signal landed as the claim call was returning
-                    break
                 except UnknownWorker:
                     log.warning("the API forgot this worker; registering again")
                     if not self.register():
@@ -168,20 +196,27 @@ class WorkerLoop:
         return done
 
     def _claim(self) -> dict[str, Any] | None:
-        """One long-poll for work, which a signal cuts short (see ``on_signal``)."""
-        self._claiming = True
-        try:
-            if self.stopping.is_set():  # a signal came just before the flag went up
-                return None
-            return with_retry(
+        """One long-poll for work, which a signal cuts short: the loop stops waiting for
+        the call at once, and gives back anything it still brings."""
+        if self.stopping.is_set():
+            return None
+        poll = _Poll(
+            lambda: with_retry(
                 lambda: self.client.claim(str(self.worker_id), self.wait_s),
                 what="claim",
                 should_stop=self.stopping.is_set,
-            )
-        except ClaimCut:
-            return None
-        finally:
-            self._claiming = False
+            ),
+            late=lambda claimed: self._release(claimed["id"], claimed["lease_token"]),
+        )
+        threading.Thread(target=poll.run, name="vramlab-claim", daemon=True).start()
+        # Waits on the call's own event, never on one a signal handler sets.
+        while not poll.done.wait(STOP_POLL_S):
+            if self.stopping.is_set() and poll.abandon():
+                log.info("stopping: no longer waiting for work")
+                return None
+        if poll.error is not None:
+            raise poll.error
+        return poll.result
 
     def _leave(self) -> None:
         """Tell the API this worker is gone, so that it stops counting it as live."""

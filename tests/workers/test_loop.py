@@ -2,7 +2,8 @@
 
 Like procrastinate's in-memory connector: no HTTP, no torch, no sleeps. Signals are
 delivered by calling the loop's handler where a real one would land; an empty queue
-delivers a SIGTERM from inside the waiting claim, as an operator stopping an idle worker.
+delivers a SIGTERM from inside a claim that then never answers, as an operator stopping
+an idle worker whose long-poll is waiting.
 """
 
 import gzip
@@ -44,6 +45,7 @@ class FakeApi:
         self.stopped: list[str] = []
         self.beats: dict[str, int] = {}
         self.beat = threading.Condition()
+        self.hang = threading.Event()
         self.cancelled: set[str] = set()
         self.lost: set[str] = set()
         self.refuse_reports = 0  # refuse this many report calls with 413
@@ -64,7 +66,9 @@ class FakeApi:
         assert self.loop is not None
         if not self.queue:  # idle: the operator stops the worker while it waits
             self.loop.on_signal(signal.SIGTERM)
-            raise AssertionError("the signal handler did not cut the waiting claim")
+            # A long-poll that never answers: the loop must not wait for it.
+            self.hang.wait(GUARD_S)
+            return None
         claimed = self.queue.pop(0)
         if self.on_claim is not None:
             self.on_claim(claimed)
@@ -265,9 +269,10 @@ def test_a_cancel_reaches_the_running_experiment_through_heartbeats() -> None:
 def test_sigterm_while_idle_cuts_the_claim_and_says_goodbye() -> None:
     api, runner = FakeApi(n=0), FakeRunner()
     loop = make(api, runner)
-    assert loop.run() == 0
+    assert loop.run() == 0  # long before the hanging claim's guard
     assert loop.stopping.is_set() and runner.ran == []
     assert api.stopped == ["w1"]
+    api.hang.set()
 
 
 def test_work_claimed_after_the_signal_goes_back_unrun() -> None:
@@ -276,6 +281,7 @@ def test_work_claimed_after_the_signal_goes_back_unrun() -> None:
     # The signal lands as the claim's answer arrives: the handler sees no waiting claim.
     api.on_claim = lambda _: loop.stopping.set()
     assert loop.run() == 0
+    until(lambda: bool(api.released))  # the loop, or the abandoned call, gives it back
     assert runner.ran == [] and api.released == ["e0"] and api.reports == {}
     assert api.queue and api.stopped == ["w1"]
 
