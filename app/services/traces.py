@@ -55,8 +55,8 @@ def _lines(body: bytes, limit: int) -> Iterator[bytes]:
         if len(pending) > MAX_EVENT_BYTES:
             raise PayloadTooLarge(f"a trace event may not pass {MAX_EVENT_BYTES} bytes")
         yield from lines
-    if pending:  # the last line may go without its newline
-        yield pending
+    if pending:  # chunks are streamed back as stored, one after another: each must end
+        raise ApiError("trace chunk's last line has no newline: end every event with one")
 
 
 def check_chunk(body: bytes, settings: Settings) -> int:
@@ -132,11 +132,8 @@ def iter_events(session: Session, experiment_id: str, start: int = 0) -> Iterato
             )
         )
         assert data is not None
-        # Stored as sent: one event per line, the last newline optional.
-        lines = gzip.decompress(data).split(b"\n")
-        if lines[-1] == b"":
-            lines.pop()
-        for i, line in enumerate(lines):
+        # Stored as sent, as checked: one event per line, every line ended by a newline.
+        for i, line in enumerate(gzip.decompress(data).split(b"\n")[:-1]):
             if first + i >= start:
                 yield json.loads(line)
 

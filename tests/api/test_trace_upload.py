@@ -75,7 +75,11 @@ def test_chunks_are_stored_as_sent_and_read_back(database_url: str) -> None:
         httpx.Client(base_url=live.url, timeout=60) as client,
     ):
         url, headers = leased(client)
-        sent = [gzip.compress(ndjson(events(30)), 9), gzip.compress(ndjson(events(20, 30))[:-1])]
+        unended = client.put(
+            f"{url}/0", content=gzip.compress(ndjson(events(3))[:-1]), headers=headers
+        )
+        assert unended.status_code == 400 and "newline" in unended.json()["error"]["message"]
+        sent = [gzip.compress(ndjson(events(30)), 9), gzip.compress(ndjson(events(20, 30)))]
         for seq, body in enumerate(sent):
             answer = client.put(f"{url}/{seq}", content=body, headers=headers)
             assert answer.status_code == 200, answer.text
@@ -84,6 +88,8 @@ def test_chunks_are_stored_as_sent_and_read_back(database_url: str) -> None:
         exp_id = url.split("/")[-2]
         page = client.get(f"/v1/experiments/{exp_id}/trace", params={"limit": 100}).json()
         assert page["total"] == 50 and [e["seq"] for e in page["events"]] == list(range(50))
+        streamed = client.get(f"/v1/experiments/{exp_id}/trace", params={"format": "ndjson"})
+        assert [json.loads(line)["seq"] for line in streamed.text.splitlines()] == list(range(50))
     engine = create_engine(database_url)
     try:
         with engine.connect() as conn:
