@@ -80,9 +80,13 @@ def fit_error(error: Mapping[str, Any] | None, limits: Limits) -> dict[str, Any]
     if error is None:
         return None
     fitted = dict(error)
-    fitted["message"] = cut(str(fitted.get("message") or ""), limits.max_error_message_chars)
+    # The API stores text without NUL characters (a library's message may carry one).
+    message = str(fitted.get("message") or "").replace("\x00", "\\x00")
+    fitted["message"] = cut(message, limits.max_error_message_chars)
     if fitted.get("hint") is not None:
-        fitted["hint"] = cut(str(fitted["hint"]), limits.max_error_hint_chars)
+        fitted["hint"] = cut(
+            str(fitted["hint"]).replace("\x00", "\\x00"), limits.max_error_hint_chars
+        )
     return fitted
 
 

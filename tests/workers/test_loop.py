@@ -100,6 +100,7 @@ class FakeApi:
         if error is not None:
             assert ErrorType(error["type"])
             assert len(error["message"]) <= contract.MAX_ERROR_MESSAGE_CHARS
+            assert "\x00" not in error["message"]  # the API refuses NUL in text
         self.reports.setdefault(exp_id, []).append(outcome)
 
     def release(self, exp_id: str, token: str) -> None:
@@ -201,7 +202,7 @@ def test_a_refused_trace_chunk_becomes_a_short_failure() -> None:
 
 
 def test_an_outcome_past_the_apis_limits_is_fitted_before_it_is_sent() -> None:
-    long = "x" * (contract.MAX_ERROR_MESSAGE_CHARS + 1)
+    long = "x\x00" + "x" * contract.MAX_ERROR_MESSAGE_CHARS
     failures = iter(
         [
             Outcome("failed", None, {"type": "crashed", "message": long, "hint": "h"}, None, 0),
@@ -212,8 +213,8 @@ def test_an_outcome_past_the_apis_limits_is_fitted_before_it_is_sent() -> None:
     api, runner = FakeApi(n=3), FakeRunner(lambda **_: next(failures))
     assert make(api, runner).run() == 3
     crashed = api.outcome("e0")["error"]
-    assert crashed["type"] == ErrorType.CRASHED and crashed["message"].startswith("xxx")
-    assert "cut" in crashed["message"]
+    assert crashed["type"] == ErrorType.CRASHED and crashed["message"].startswith("x\\x00xx")
+    assert "cut" in crashed["message"] and "\x00" not in crashed["message"]
     for exp_id, why in (("e1", "over the API's limit"), ("e2", "not valid JSON")):
         error = api.outcome(exp_id)["error"]
         assert error["type"] == ErrorType.REPORT_REFUSED and why in error["message"]
