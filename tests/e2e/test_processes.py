@@ -243,6 +243,7 @@ def test_an_idle_worker_exits_at_once_on_sigterm(database_url: str, tmp_path: Pa
         print(f"idle worker: exited {took:.2f} s after SIGTERM")
         assert code == 0, (tmp_path / "worker.log").read_text()[-3000:]
         assert took < 10, f"the idle worker took {took:.1f} s to exit"
+        assert _live_workers(url) == []  # it said goodbye: not live for another minute
     finally:
         if worker is not None:
             kill_group(worker)
