@@ -10,6 +10,7 @@ gzip chunks one at a time, so its own memory stays flat whatever the snapshot's 
 import gzip
 import hashlib
 import json
+import logging
 import os
 import resource
 import shutil
@@ -37,6 +38,14 @@ from app.services.figures import label
 
 KIND = "snapshot"
 _APP_ROOT = str(Path(app.__file__).resolve().parents[1])
+log = logging.getLogger("vramlab.snapshots")
+
+
+class ParserFailed(ApiError):
+    """The parser child crashed without a verdict: vramlab's fault, never the client's."""
+
+    status_code = 500
+    type = "internal"
 
 
 class SnapshotRefused(ApiError):
@@ -115,9 +124,12 @@ def parse(upload: Upload, settings: Settings, device: int | None) -> Parsed:
     ]
     if device is not None:
         command += ["--device", str(device)]
+    # A clean environment, but the same import path as the API: vramlab first, then
+    # wherever the API's own dependencies were found (a PYTHONPATH install among them).
+    inherited = os.environ.get("PYTHONPATH", "")
     env = {
         "PATH": os.environ.get("PATH", ""),
-        "PYTHONPATH": _APP_ROOT,
+        "PYTHONPATH": os.pathsep.join(p for p in (_APP_ROOT, inherited) if p),
         "PYTHONHASHSEED": "0",
     }
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -139,6 +151,18 @@ def parse(upload: Upload, settings: Settings, device: int | None) -> Parsed:
             "(VRAMLAB_SNAPSHOT_PARSE_SECONDS)"
         ) from None
     result_file = out / "result.json"
+    if done.returncode > 0 and not result_file.exists():
+        # The parser failed without its own verdict: a bug (or a broken install), not the
+        # snapshot's size. Say so, and keep what it printed for the operator.
+        log.error(
+            "snapshot parser exited %s: %s",
+            done.returncode,
+            done.stderr.decode(errors="replace")[-4000:],
+        )
+        raise ParserFailed(
+            f"the snapshot parser failed (exit status {done.returncode}); the API's log has "
+            "its output"
+        )
     if done.returncode != 0 or not result_file.exists():
         raise PayloadTooLarge(
             "the snapshot parser stopped before it finished (exit status "

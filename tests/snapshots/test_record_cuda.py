@@ -39,6 +39,7 @@ def test_record_a_training_loop(server: LiveServer, client: httpx.Client) -> Non
         cwd=ROOT,
     )
     assert done.returncode != 0  # the program ends with an OOM, and record says so
+    assert done.stdout.strip(), done.stderr[-3000:]
     snap_id = done.stdout.strip().splitlines()[-1].rsplit("/", 1)[1]
     snap = client.get(f"/v1/snapshots/{snap_id}").json()
     assert "oom" in snap["tags"] and snap["oom_count"] == 1
