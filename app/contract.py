@@ -73,22 +73,36 @@ MAX_TRACE_CHUNK_BYTES = 32 * 2**20
 MAX_TRACE_CHUNK_EVENTS = 100_000
 TRACE_CHUNK_EXPANSION = 8
 
+class Figure(StrEnum):
+    """The names of the v1 memory figures (``result.memory``'s keys), for code that
+    reads them out of plain data (comparisons, counters, sweep rows)."""
+
+    ALLOCATED_BEFORE = "allocated_before"
+    ALLOCATED_AFTER = "allocated_after"
+    ALLOCATED_PEAK = "allocated_peak"
+    RESERVED_BEFORE = "reserved_before"
+    RESERVED_AFTER = "reserved_after"
+    RESERVED_PEAK = "reserved_peak"
+    DELTA_ALLOCATED = "delta_allocated"
+    HOST_RSS_BEFORE = "host_rss_before"
+    HOST_RSS_AFTER = "host_rss_after"
+
+
 # The v1 memory keys: integer byte counts in every succeeded result's ``memory``.
-MEMORY_KEYS = (
-    "allocated_before",
-    "allocated_after",
-    "allocated_peak",
-    "reserved_before",
-    "reserved_after",
-    "reserved_peak",
-    "delta_allocated",
-    "host_rss_before",
-    "host_rss_after",
-)
+MEMORY_KEYS = tuple(str(f) for f in Figure)
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class SectionFigures(_Model):
+    """One named section of an op (forward, backward, optimizer_step): allocated bytes at
+    its start and end, and its own peak."""
+
+    allocated_start: int
+    allocated_end: int
+    allocated_peak: int
 
 
 class _AllocatorFigures(_Model):

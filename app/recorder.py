@@ -21,6 +21,8 @@ from typing import Any
 
 import httpx
 
+from app.contract import Figure
+
 BOOT = Path(__file__).resolve().parent / "recorder_boot"
 _BLOCK = 1 << 20
 
@@ -95,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
             if args.keep:
                 print(f"vramlab record: the snapshot is kept at {args.keep}", file=sys.stderr)
             return code or 1
-    peak = snap["memory"].get("allocated_peak") or 0
+    peak = snap["memory"].get(Figure.ALLOCATED_PEAK) or 0
     print(
         f"snapshot {snap['id']}: peak {peak / 2**20:.1f} MiB allocated, {snap['entries']} entries"
     )

@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from app.contract import SectionFigures
 from workers.tracer import SECTION_PREFIX
 
 RANGE_PREFIX = SECTION_PREFIX  # the tracer reads these ranges back
@@ -54,11 +55,11 @@ def section(name: str, device: torch.device) -> Iterator[None]:
         yield
     finally:
         torch.cuda.synchronize(device)
-        _records[name] = {
-            "allocated_start": start,
-            "allocated_end": torch.cuda.memory_allocated(device),
-            "allocated_peak": torch.cuda.max_memory_allocated(device),
-        }
+        _records[name] = SectionFigures(
+            allocated_start=start,
+            allocated_end=torch.cuda.memory_allocated(device),
+            allocated_peak=torch.cuda.max_memory_allocated(device),
+        ).model_dump()
 
 
 def fill_cpu(ranges: list[tuple[str, float, float]], events: list[dict[str, Any]]) -> None:
@@ -77,8 +78,6 @@ def fill_cpu(ranges: list[tuple[str, float, float]], events: list[dict[str, Any]
                 peak = max(peak, total)
         if at_start is None:
             at_start = peak = total
-        _records[name.removeprefix(RANGE_PREFIX)] = {
-            "allocated_start": at_start,
-            "allocated_end": total,
-            "allocated_peak": peak,
-        }
+        _records[name.removeprefix(RANGE_PREFIX)] = SectionFigures(
+            allocated_start=at_start, allocated_end=total, allocated_peak=peak
+        ).model_dump()

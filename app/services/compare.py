@@ -4,7 +4,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from app.contract import MEMORY_KEYS, Result, SnapshotResult, Status
+from app.contract import MEMORY_KEYS, Figure, Result, SnapshotResult, Status
 from app.errors import InvalidSpec
 from app.models import Experiment
 from app.plots.chart import human_bytes
@@ -71,7 +71,8 @@ def sentences(items: list[CompareItem], by_category: dict[str, list[int | None]]
     out = []
     base = items[0]
     for n, item in enumerate(items[1:], start=1):
-        a, b = base.figures.get("allocated_peak"), item.figures.get("allocated_peak")
+        peak = Figure.ALLOCATED_PEAK
+        a, b = base.figures.get(peak), item.figures.get(peak)
         if not isinstance(a, int | float) or not isinstance(b, int | float):
             continue
         diff = b - a

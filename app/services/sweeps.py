@@ -22,7 +22,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 
 from app.catalog.scenario import MAX_PLANNED_STEPS
-from app.contract import ErrorType, Result, Status
+from app.contract import ErrorType, Figure, Result, Status
 from app.core.config import Settings
 from app.errors import InvalidSpec, NotFound
 from app.models import Experiment, ExperimentTag, Sweep
@@ -191,7 +191,7 @@ def create(
                 experiment_id=r["id"],
                 status=Status.QUEUED,
                 values={k: _read(SimpleNamespace(**r), k) for k in keys},
-                predicted_delta=r["prediction"].get("delta_allocated"),
+                predicted_delta=r["prediction"].get(Figure.DELTA_ALLOCATED),
             )
             for i, r in enumerate(rows)
         ],

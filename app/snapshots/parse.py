@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from app.contract import SnapshotFigures
+from app.contract import Figure, SnapshotFigures
 from app.snapshots import categories as cat
 from app.snapshots import safe_pickle
 from app.snapshots.segments import summarise_segments
@@ -618,9 +618,9 @@ def _counters(stats: Any, index: int) -> dict[str, int] | None:
     if type(stats) is not dict:
         return None
     names = {
-        "allocated_bytes.all.peak": "allocated_peak",
+        "allocated_bytes.all.peak": Figure.ALLOCATED_PEAK.value,
         "allocated_bytes.all.current": "allocated_current",
-        "reserved_bytes.all.peak": "reserved_peak",
+        "reserved_bytes.all.peak": Figure.RESERVED_PEAK.value,
         "reserved_bytes.all.current": "reserved_current",
         "num_ooms": "num_ooms",
         "num_alloc_retries": "num_alloc_retries",

@@ -19,6 +19,7 @@ from fastapi.responses import Response, StreamingResponse
 from app.api.deps import NowDep, SessionDep, SettingsDep, get_db, require
 from app.api.figures import FIGURE_RESPONSES, FigureFormat, respond
 from app.api.routes import traces as trace_routes
+from app.contract import Figure
 from app.core.db import Database
 from app.errors import ERROR_RESPONSES, TooManyRequests
 from app.models import Experiment
@@ -151,7 +152,7 @@ def peak(exp: SnapshotDep, top: Annotated[int, Query(ge=1, le=20)] = 20) -> Peak
             "alive_at_peak": summary["alive_at_peak"][:top],
             "alive_count": summary["alive_count"],
             "largest": summary["largest"][:top],
-            "measured_allocated_peak": counters.get("allocated_peak"),
+            "measured_allocated_peak": counters.get(Figure.ALLOCATED_PEAK),
         }
     )
 
