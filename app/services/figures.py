@@ -29,7 +29,7 @@ def peak(session: Session, exp: Experiment, top: int) -> PeakOut:
     if top > 50:  # a long list with stacks is not worth holding
         return _peak(session, exp, top)
     key = ("peak", exp.id, traces.count(session, exp.id), top)
-    return _cached(exp, key, lambda: _peak(session, exp, top))
+    return cached(exp, key, lambda: _peak(session, exp, top))
 
 
 def _peak(session: Session, exp: Experiment, top: int) -> PeakOut:
@@ -112,7 +112,7 @@ _CACHE_SIZE = 64
 _CACHE_LOCK = threading.Lock()
 
 
-def _cached(exp: Experiment, key: tuple[Any, ...], compute: Callable[[], T]) -> T:
+def cached(exp: Experiment, key: tuple[Any, ...], compute: Callable[[], T]) -> T:
     with _CACHE_LOCK:
         if key in _CACHE:
             _CACHE.move_to_end(key)
@@ -130,7 +130,7 @@ def _cached(exp: Experiment, key: tuple[Any, ...], compute: Callable[[], T]) -> 
 def build(session: Session, exp: Experiment, with_bands: bool = True) -> bands.Timeline:
     """The experiment's band timeline (``with_bands=False``: its totals alone)."""
     count = traces.count(session, exp.id)
-    return _cached(
+    return cached(
         exp,
         ("timeline", exp.id, count, with_bands),
         lambda: bands.build(
@@ -200,8 +200,9 @@ def timeline(session: Session, exp: Experiment) -> Chart:
     return timeline_chart(build(session, exp), f"Memory over time: {label(exp)}")
 
 
-def timeline_chart(tl: bands.Timeline, title: str) -> Chart:
-    """A band timeline as a chart, in time since its start (set-up) in a round unit."""
+def timeline_chart(tl: bands.Timeline, title: str, since: str = "set-up") -> Chart:
+    """A band timeline as a chart, in time since its start (``since``: set-up for an
+    experiment) in a round unit."""
     span_ms = (tl.end_us - tl.start_us) / 1000
     unit, scale = ticks.time_unit(span_ms)
     end = span_ms / scale * 1.03 if span_ms > 0 else 1.0
@@ -214,7 +215,7 @@ def timeline_chart(tl: bands.Timeline, title: str) -> Chart:
             return "still alive at the end"
         return f"{ticks.number_label(float(f'{x(t_us):.4g}'))} {unit}"
 
-    chart = Chart(title=title, x_label=f"time since set-up ({unit})", x_range=(0.0, end))
+    chart = Chart(title=title, x_label=f"time since {since} ({unit})", x_range=(0.0, end))
     for i, phase in enumerate(tl.phases):
         x1 = x(phase.end_us) if i + 1 < len(tl.phases) else end
         chart.spans.append(

@@ -34,7 +34,9 @@ from app.errors import ApiError, NotFound, PayloadTooLarge
 from app.models import Experiment, ExperimentTag, Result, Snapshot, TraceChunk
 from app.plots.chart import Chart, Label, Line, human_bytes
 from app.schemas.snapshot import SnapshotOut
+from app.services import bands, figures, traces
 from app.services.figures import label
+from app.snapshots.categories import telling_frames
 
 KIND = "snapshot"
 _APP_ROOT = str(Path(app.__file__).resolve().parents[1])
@@ -319,9 +321,42 @@ def to_out(session: Session, exp: Experiment) -> SnapshotOut:
     )
 
 
-def timeline(exp: Experiment) -> Chart:
-    """Allocated and reserved over time from the points kept at import (about 2,000
-    whatever the trace's length), the peak labelled: no replay of the stored trace."""
+# Stored trace entries up to which a snapshot's timeline is drawn as bands (one replay of
+# the stored trace, then cached); past it, from the points kept at import.
+BAND_LIMIT = 500_000
+
+
+def timeline(session: Session, exp: Experiment) -> Chart:
+    """The snapshot's memory over time: as bands (each large block from its alloc to its
+    free, named by its inferred category where it was alive at the peak) when its trace
+    has times and at most ``BAND_LIMIT`` entries; else allocated and reserved from the
+    points kept at import (about 2,000 whatever the trace's length)."""
+    count = traces.count(session, exp.id)
+    if 0 < count <= BAND_LIMIT and summary(exp).get("time_recorded"):
+        tl = figures.cached(exp, ("snapshot-bands", exp.id, count), lambda: _bands(session, exp))
+        return figures.timeline_chart(
+            tl, f"Memory over time: {label(exp)}", since="the first recorded entry"
+        )
+    return _lines(exp)
+
+
+def _bands(session: Session, exp: Experiment) -> bands.Timeline:
+    tl = bands.build(traces.iter_events(session, exp.id), total=traces.count(session, exp.id))
+    inferred = {
+        b["seq"]: str(b["category"]).replace("_", " ")
+        for b in summary(exp).get("alive_at_peak") or []
+        if b.get("category")
+    }
+    for alloc in tl.allocs:
+        found = inferred.get(alloc.seq)
+        alloc.name = f"{found} (inferred)" if found else "freed before the peak"
+        # Where it came from, past the recorder's and the allocator's own frames.
+        alloc.frames = tuple(telling_frames(alloc.frames, 4))
+    return tl
+
+
+def _lines(exp: Experiment) -> Chart:
+    """Allocated and reserved over time from the points kept at import: no replay."""
     data = summary(exp).get("timeline") or {}
     xs_us: list[float] = data.get("t_us") or []
     if len(xs_us) < 2:

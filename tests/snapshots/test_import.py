@@ -92,7 +92,8 @@ def test_views_of_an_experiment_work_on_a_snapshot(client: httpx.Client) -> None
     assert chrome.status_code == 200 and json.loads(chrome.text)["traceEvents"]
     html = client.get(f"/v1/snapshots/{sid}/timeline")
     assert html.status_code == 200 and "<svg" in html.text
-    # Drawn from the points kept at import; their highest is the peak.
+    # Bands, as an experiment's timeline draws them, named by their inferred category.
+    assert 'class="vl-band"' in html.text and "parameters (inferred)" in html.text
     assert "peak 12.0 MiB" in html.text
     svg = client.get(f"/v1/snapshots/{sid}/timeline", params={"format": "svg"})
     assert svg.status_code == 200 and svg.headers["content-type"] == "image/svg+xml"

@@ -207,7 +207,8 @@ def _memory_viz(db: Database, snapshot_id: str, device: str) -> Iterator[bytes]:
     response_class=Response,
     dependencies=[require("read")],
 )
-def timeline(exp: SnapshotDep, format: FigureFormat = "html") -> Response:
-    """From the points kept at import (about 2,000, each bucket's lowest and highest), so
-    a snapshot of millions of entries draws at once."""
-    return respond(snapshots.timeline(exp), format)
+def timeline(exp: SnapshotDep, s: SessionDep, format: FigureFormat = "html") -> Response:
+    """Bands (each large block from its alloc to its free, named by its inferred category)
+    for traces of up to 500,000 entries; past that, allocated and reserved from the points
+    kept at import (about 2,000), so a snapshot of millions of entries draws at once."""
+    return respond(snapshots.timeline(s, exp), format)

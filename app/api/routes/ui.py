@@ -158,7 +158,7 @@ def snapshot(
     exp = snapshots.get(s, snapshot_id)
     chart = None
     with contextlib.suppress(NotFound):  # a snapshot of segments alone has no trace
-        chart = html.fragment(snapshots.timeline(exp))
+        chart = html.fragment(snapshots.timeline(s, exp))
     return _page(request, "snapshot.html", snap=snapshots.to_out(s, exp), chart=chart)
 
 
