@@ -88,6 +88,20 @@ class Figure(StrEnum):
     HOST_RSS_AFTER = "host_rss_after"
 
 
+# The actions of PyTorch's memory snapshot format (``device_traces`` entries), which the
+# memory_viz export writes and the snapshot import reads.
+MEMORY_VIZ_ACTIONS = (
+    "alloc",
+    "free_requested",
+    "free_completed",
+    "segment_alloc",
+    "segment_free",
+    "segment_map",
+    "segment_unmap",
+    "snapshot",
+    "oom",
+)
+
 # The v1 memory keys: integer byte counts in every succeeded result's ``memory``.
 MEMORY_KEYS = tuple(str(f) for f in Figure)
 

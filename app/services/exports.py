@@ -23,6 +23,7 @@ import pickle
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from app.contract import MEMORY_VIZ_ACTIONS
 from app.core.units import human_bytes
 from app.services.replay import FREES, SEGMENT_GROWS, SEGMENT_SHRINKS, Block, Replay
 
@@ -144,20 +145,7 @@ def _appends(entries: list[Event]) -> bytes:
 
 
 # Our actions as the constants below: the pickler writes each once a batch.
-_VIZ_ACTIONS = {
-    a: a
-    for a in (
-        "alloc",
-        "free_requested",
-        "free_completed",
-        "segment_alloc",
-        "segment_free",
-        "segment_map",
-        "segment_unmap",
-        "snapshot",
-        "oom",
-    )
-}
+_VIZ_ACTIONS = {a: a for a in MEMORY_VIZ_ACTIONS}
 
 
 class _Final:

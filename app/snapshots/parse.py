@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from app.contract import Figure, SnapshotFigures
+from app.contract import MEMORY_VIZ_ACTIONS, Figure, SnapshotFigures
 from app.snapshots import categories as cat
 from app.snapshots import safe_pickle
 from app.snapshots.segments import summarise_segments
@@ -37,19 +37,7 @@ from app.snapshots.segments import summarise_segments
 MAX_FRAMES = 256
 TOP = 20
 MAX_OOMS = 50
-ACTIONS = frozenset(
-    {
-        "alloc",
-        "free_requested",
-        "free_completed",
-        "segment_alloc",
-        "segment_free",
-        "segment_map",
-        "segment_unmap",
-        "snapshot",
-        "oom",
-    }
-)
+ACTIONS = frozenset(MEMORY_VIZ_ACTIONS)
 # PyTorch names the completion of a free "free_completed"; vramlab's schema says "free".
 RENAME = {"free_completed": "free"}
 FREE_ACTIONS = ("free_requested", "free_completed")
