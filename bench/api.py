@@ -151,7 +151,18 @@ def seed(url: str, rows: int) -> None:
     with engine.begin() as c:
         template = dict(c.execute(select(Experiment.__table__).limit(1)).mappings().one())
     start = datetime(2025, 1, 1, tzinfo=UTC)
-    memory = {"allocated_before": 0, "allocated_after": 262144, "allocated_peak": 524288}
+    # A whole result's figures, as the contract requires of every stored result.
+    memory = {
+        "allocated_before": 0,
+        "allocated_after": 262144,
+        "allocated_peak": 524288,
+        "reserved_before": 0,
+        "reserved_after": 2097152,
+        "reserved_peak": 2097152,
+        "delta_allocated": 262144,
+        "host_rss_before": 2**28,
+        "host_rss_after": 2**28,
+    }
     batch = 5000
     for lo in range(0, rows, batch):
         exps, results, tags = [], [], []
@@ -170,11 +181,12 @@ def seed(url: str, rows: int) -> None:
             )
             if i % 4:
                 results.append({"experiment_id": exp_id, "attempt": 1, "data": {"memory": memory}})
-            tags.append({"experiment_id": exp_id, "tag": "bench"})
+            at = start + timedelta(seconds=i)
+            tags.append({"experiment_id": exp_id, "tag": "bench", "created_at": at})
             if i % 10 == 0:
-                tags.append({"experiment_id": exp_id, "tag": "t10"})
+                tags.append({"experiment_id": exp_id, "tag": "t10", "created_at": at})
             if i % 100 == 0:
-                tags.append({"experiment_id": exp_id, "tag": "t100"})
+                tags.append({"experiment_id": exp_id, "tag": "t100", "created_at": at})
         with engine.begin() as c:
             c.execute(insert(Experiment), exps)
             c.execute(insert(Result), results)

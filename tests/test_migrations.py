@@ -1,13 +1,16 @@
 """The migrations build exactly the schema the models describe, on both engines."""
 
+import httpx
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import create_engine, inspect
+from sqlalchemy import create_engine, inspect, text
 
 from app.core.config import normalise_database_url
 from app.core.migrate import alembic_config
 from app.models import Base
+from tests.conftest import LiveServer, make_settings
+from tests.helpers import ADD, submit
 
 
 def test_models_and_migrations_agree(database_url: str) -> None:
@@ -34,3 +37,32 @@ def test_downgrade_to_nothing_and_back(database_url: str) -> None:
         )
     finally:
         engine.dispose()
+
+
+def test_tag_rows_get_their_experiments_created_at_on_upgrade(database_url: str) -> None:
+    """0007 copies each experiment's created_at into its tag rows, the listing's order."""
+    with LiveServer(make_settings(database_url)) as live, httpx.Client(base_url=live.url) as c:
+        ids = [submit(c, ADD, tags=["a", "b"] if i % 2 else ["a"])["id"] for i in range(5)]
+    url = normalise_database_url(database_url)
+    command.downgrade(alembic_config(url), "0006")
+    command.upgrade(alembic_config(url), "head")
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            rows = conn.execute(
+                text(
+                    "SELECT t.tag, t.created_at = e.created_at FROM experiment_tags t "
+                    "JOIN experiments e ON e.id = t.experiment_id"
+                )
+            ).all()
+    finally:
+        engine.dispose()
+    assert sorted(tag for tag, _ in rows) == ["a"] * 5 + ["b"] * 2
+    assert all(same for _, same in rows)
+    with LiveServer(make_settings(database_url)) as live, httpx.Client(base_url=live.url) as c:
+        listed = c.get("/v1/experiments", params={"tag": "a", "limit": 2}).json()
+        assert [e["id"] for e in listed["items"]] == ids[::-1][:2]
+        after = c.get(
+            "/v1/experiments", params={"tag": "a", "limit": 5, "cursor": listed["next_cursor"]}
+        ).json()
+        assert [e["id"] for e in after["items"]] == ids[::-1][2:]

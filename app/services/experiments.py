@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, and_, exists, func, or_, select
+from sqlalchemy import and_, func, or_, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -72,7 +72,7 @@ def new(
     return Experiment(
         **columns(accepted, now, submitted_by=submitted_by, preset=preset),
         idempotency_key=idempotency_key,
-        tag_rows=[ExperimentTag(tag=t) for t in dict.fromkeys(accepted.spec.tags)],
+        tag_rows=[ExperimentTag(tag=t, created_at=now) for t in dict.fromkeys(accepted.spec.tags)],
         result=None,  # known empty: reading it later needs no query
     )
 
@@ -245,33 +245,23 @@ def _decode_cursor(cursor: str) -> tuple[datetime, str]:
         ) from None
 
 
-# A tag on at most this many experiments is listed by sorting them; a commoner one by
-# walking the newest-first index until the page is full (on average limit x rows/tagged
-# rows deep, so at most ~limit x total/RARE_TAG).
-RARE_TAG = 1000
-
-
-def _tagged(session: Session, tag: str) -> ColumnElement[bool]:
-    """Experiments with this tag, in the form that lists a page of them fastest.
-
-    PostgreSQL's planner knows from its statistics how common a tag is and picks between
-    the two plans itself. SQLite plans an ``IN`` by sorting every tagged experiment (slow
-    for a common tag) and an ``EXISTS`` by walking the index (slow for a rare one), so it
-    is told which: counting up to RARE_TAG + 1 tagged rows is one short index range.
-    """
-    tagged = select(ExperimentTag.experiment_id).where(ExperimentTag.tag == tag)
-    if session.get_bind().dialect.name == "sqlite":
-        few = select(func.count()).select_from(tagged.limit(RARE_TAG + 1).subquery())
-        if (session.scalar(few) or 0) <= RARE_TAG:
-            return Experiment.id.in_(tagged)
-    return exists().where(ExperimentTag.experiment_id == Experiment.id, ExperimentTag.tag == tag)
-
-
 def page(
     session: Session, filters: Filters, limit: int, cursor: str | None
 ) -> tuple[list[Experiment], str | None]:
-    """Newest first; the cursor is the last item's (created_at, id)."""
+    """Newest first; the cursor is the last item's (created_at, id).
+
+    With a tag, the page is read through the tag's rows, which carry their experiment's
+    created_at: one walk down ``ix_experiment_tags_newest``, as short for a tag on one
+    experiment in a thousand as for one on every experiment, on both engines.
+    """
     stmt = select(Experiment)
+    created, ident = Experiment.created_at, Experiment.id
+    if filters.tag:
+        stmt = stmt.join(
+            ExperimentTag,
+            and_(ExperimentTag.experiment_id == Experiment.id, ExperimentTag.tag == filters.tag),
+        )
+        created, ident = ExperimentTag.created_at, ExperimentTag.experiment_id
     if filters.status:
         stmt = stmt.where(Experiment.status.in_(filters.status))
     if filters.op:
@@ -285,17 +275,10 @@ def page(
         stmt = stmt.where(Experiment.id.startswith(filters.id_prefix.lower()))
     if filters.kind:
         stmt = stmt.where(Experiment.kind == filters.kind)
-    if filters.tag:
-        stmt = stmt.where(_tagged(session, filters.tag))
     if cursor:
         at, last_id = _decode_cursor(cursor)
-        stmt = stmt.where(
-            or_(
-                Experiment.created_at < at,
-                and_(Experiment.created_at == at, Experiment.id < last_id),
-            )
-        )
-    stmt = stmt.order_by(Experiment.created_at.desc(), Experiment.id.desc()).limit(limit + 1)
+        stmt = stmt.where(or_(created < at, and_(created == at, ident < last_id)))
+    stmt = stmt.order_by(created.desc(), ident.desc()).limit(limit + 1)
     rows = list(session.scalars(stmt))
     more = len(rows) > limit
     rows = rows[:limit]

@@ -229,7 +229,7 @@ def store(
         available_at=now,
         started_at=now,
         finished_at=now,
-        tag_rows=[ExperimentTag(tag=t) for t in dict.fromkeys(tags)],
+        tag_rows=[ExperimentTag(tag=t, created_at=now) for t in dict.fromkeys(tags)],
         submitted_by=submitted_by,
     )
     session.add(exp)

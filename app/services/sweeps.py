@@ -169,7 +169,7 @@ def create(
     ]
     session.execute(insert(Experiment), rows)
     tags = [
-        {"experiment_id": row["id"], "tag": tag}
+        {"experiment_id": row["id"], "tag": tag, "created_at": row["created_at"]}
         for row, point in zip(rows, planned, strict=True)
         for tag in dict.fromkeys(point.spec.tags)
     ]
