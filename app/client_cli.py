@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 
 import httpx
 
-from app.contract import FINISHED, Result, SnapshotResult, Status
+from app.contract import FINISHED, Isolation, Result, SnapshotResult, Status
 from app.core.units import human_bytes
 from app.schemas.results import SweepRow
 
@@ -135,6 +135,7 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
         "device": args.device,
         "trace": args.trace,
         "repeat": args.repeat,
+        "isolation": args.isolation,
     }
     spec.update({k: v for k, v in flags.items() if v is not None})
     if args.shape:
@@ -200,6 +201,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         body["device"] = args.device
     if args.dtype:
         body["dtype"] = args.dtype
+    if args.isolation:
+        body["isolation"] = args.isolation
     with _client(args) as client:
         exp = _check(client.post(f"/v1/presets/{args.preset}/runs", json=body))
         return _finish_submit(client, exp, args)
@@ -320,6 +323,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         body.setdefault("grid", {})[key] = [_value(v) for v in values.split(";")]
     if "spec" not in body or "grid" not in body:
         raise ClientError("a sweep needs a spec and a grid: --file sweep.json or --spec + --grid")
+    if args.isolation:
+        body["spec"] = {**body["spec"], "isolation": args.isolation}
     with _client(args) as client:
         sweep = _check(client.post("/v1/sweeps", json=body))
         if args.wait:
@@ -421,6 +426,15 @@ def _wait_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--poll", type=float, default=0.5, help=argparse.SUPPRESS)
 
 
+def _isolation_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--isolation",
+        choices=list(Isolation),
+        help="clean (a process of its own, the default) or shared (a worker's long-lived "
+        "process: much faster for many small experiments)",
+    )
+
+
 def register(sub: Any) -> None:
     """Add the client commands to ``vramlab``'s subparsers."""
     common = argparse.ArgumentParser(add_help=False)
@@ -442,6 +456,7 @@ def register(sub: Any) -> None:
     p.add_argument("--device")
     p.add_argument("--trace", choices=["none", "events", "stacks"])
     p.add_argument("--repeat", type=int)
+    _isolation_arg(p)
     p.add_argument("--param", action="append", help="KEY=VALUE (VALUE as JSON); repeatable")
     p.add_argument("--tag", action="append")
     _wait_args(p)
@@ -455,6 +470,7 @@ def register(sub: Any) -> None:
     p.add_argument("--device", help="cpu, cuda or cuda:N (default: what a live worker offers)")
     p.add_argument("--dtype")
     p.add_argument("--size", choices=["small", "medium", "large"], default="medium")
+    _isolation_arg(p)
     _wait_args(p)
     p.set_defaults(func=_run(cmd_run))
 
@@ -488,6 +504,7 @@ def register(sub: Any) -> None:
         action="append",
         help='KEY=V1;V2;... (values as JSON), e.g. \'dtype="float32";"float16"\'',
     )
+    _isolation_arg(p)
     p.add_argument("--wait", action="store_true", help="wait with a progress bar")
     p.add_argument("--csv", help="write the table as CSV to this file")
     p.add_argument("--poll", type=float, default=0.5, help=argparse.SUPPRESS)

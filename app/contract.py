@@ -38,6 +38,24 @@ class WorkerState(StrEnum):
     STOPPED = "stopped"
 
 
+class Isolation(StrEnum):
+    """How an experiment's process is kept apart from others' (a spec's ``isolation``).
+
+    ``clean``: a process of its own, forked for it (or a warm spare), gone after it.
+    ``shared``: a long-lived process of the worker's that runs many experiments, emptied
+    and checked before each one; it needs no allocator settings of its own.
+    """
+
+    CLEAN = "clean"
+    SHARED = "shared"
+
+
+# How the process that ran an experiment started: a warm spare (CUDA started before the
+# spec came), forked for the spec, a fresh interpreter (to change the allocator backend),
+# or ``shared``: a shared process that had already run other experiments.
+ChildStart = Literal["warm_spare", "forked", "fresh_interpreter", "shared"]
+
+
 class ErrorType(StrEnum):
     """Why an experiment failed, stable for programs to act on."""
 
@@ -201,9 +219,13 @@ class Environment(_Model):
     allocator_conf: str | None = None
     device: str | None = None
     # Set by the worker's runner: how many experiments shared this device at once, and how
-    # this one's process started (a warm spare, forked cold, or a fresh interpreter).
+    # this one's process started (ChildStart).
     concurrent: int | None = None
-    child_start: Literal["warm_spare", "forked", "fresh_interpreter"] | None = None
+    child_start: ChildStart | None = None
+    # The process's isolation, and in a shared process how many experiments it had run
+    # before this one (0: its first; null for a clean process).
+    isolation: Isolation | None = None
+    experiments_before: int | None = Field(default=None, ge=0)
 
 
 class TensorPrediction(_Model):

@@ -47,6 +47,8 @@ class Experiment(Base):
     timeout_s: Mapped[float]
     allocator: Mapped[dict[str, Any]]
     trace_mode: Mapped[str] = mapped_column(String(8))
+    # contract.Isolation: a clean process of its own, or a worker's shared one.
+    isolation: Mapped[str] = mapped_column(String(8), default="clean", server_default="clean")
     priority: Mapped[int] = mapped_column(default=0)
     prediction: Mapped[dict[str, Any]]
     # A scenario: named-tensor steps instead of one op (None for a single op).

@@ -4,6 +4,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.contract import Isolation
 from app.schemas.spec import Tag
 
 
@@ -35,6 +36,11 @@ class PresetRun(BaseModel):
     dtype: str | None = Field(default=None, max_length=32, description="the preset's dtype")
     size: Literal["small", "medium", "large"] = Field(
         default="medium", description="small (CPU tests), medium (the articles' sizes), large"
+    )
+    isolation: Isolation = Field(
+        default=Isolation.CLEAN,
+        description="'clean' or 'shared' (a worker's long-lived process; see the spec's "
+        "isolation); a preset that sets allocator options runs clean only",
     )
     tags: list[Tag] = Field(default_factory=list, max_length=16)
     priority: int = Field(default=0, ge=-100, le=100)

@@ -46,7 +46,7 @@ class SweepIn(BaseModel):
     spec: DataDict = Field(description="an experiment spec, as POST /v1/experiments takes")
     grid: Annotated[dict[str, list[Any]], AS_DATA] = Field(
         description=(
-            'keys: "shape", "dtype", "device", "repeat", "warmup", "trace", '
+            'keys: "shape", "dtype", "device", "repeat", "warmup", "trace", "isolation", '
             '"allocator.<key>", "params.<key>" or a bare op parameter name'
         ),
         json_schema_extra={

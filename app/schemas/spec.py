@@ -4,6 +4,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
+from app.contract import Isolation
 from app.schemas.data import TEXT_PATTERN, DataDict
 
 Tag = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f]+$")]
@@ -71,6 +72,15 @@ class ExperimentSpec(BaseModel):
     timeout_s: float = Field(default=120.0, gt=0)
     allocator: AllocatorSettings = Field(default_factory=AllocatorSettings)
     trace: Literal["none", "events", "stacks"] = "events"
+    isolation: Isolation = Field(
+        default=Isolation.CLEAN,
+        description="'clean': a process of its own (the allocator, the CUDA context and every "
+        "library start fresh, as in a new program). 'shared': a long-lived worker process "
+        "that runs many experiments, emptied and checked before each (allocator empty, stats "
+        "reset, cuBLAS workspace freed) but with kernels, library handles and the CUDA "
+        "context kept: far faster for sweeps of many small points. Shared takes no "
+        "allocator settings (they are fixed when the allocator starts)",
+    )
     tags: list[Tag] = Field(default_factory=list, max_length=32)
     priority: int = Field(default=0, ge=-100, le=100)
     requirements: Requirements = Field(default_factory=Requirements)

@@ -104,6 +104,7 @@ def columns(
         "timeout_s": s.timeout_s,
         "allocator": s.allocator.model_dump(exclude_none=True),
         "trace_mode": s.trace,
+        "isolation": s.isolation,
         "priority": s.priority,
         "prediction": accepted.prediction,
         "created_at": now,
@@ -323,6 +324,7 @@ def run_fields(exp: Experiment) -> dict[str, Any]:
         "timeout_s": exp.timeout_s,
         "allocator": exp.allocator,
         "trace": exp.trace_mode,
+        "isolation": exp.isolation,
         "steps": exp.steps,
     }
 

@@ -36,6 +36,7 @@ def spec_of(name: str, run: PresetRun, device: str) -> ExperimentSpec:
         raise InvalidSpec(exc.field, exc.message) from None
     raw["tags"] = [*raw.get("tags", []), *run.tags]
     raw["priority"] = run.priority
+    raw["isolation"] = run.isolation
     return ExperimentSpec.model_validate(raw)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 from app.catalog import CatalogError, get_op, parse_device, plan_spec
 from app.catalog.dtypes import DTYPES
 from app.catalog.scenario import SCENARIO, ScenarioPlan, plan_scenario
+from app.contract import Isolation
 from app.core.config import Settings
 from app.core.units import human_bytes
 from app.errors import InvalidSpec
@@ -92,6 +93,17 @@ def accept(
         problems.append(("repeat", f"must be <= {settings.max_repeat}"))
     if spec.timeout_s > settings.max_timeout_s:
         problems.append(("timeout_s", f"must be <= {settings.max_timeout_s:g}"))
+    allocator_set = sorted(spec.allocator.model_dump(exclude_none=True))
+    if spec.isolation == Isolation.SHARED and allocator_set:
+        named = ", ".join(f"allocator.{k}" for k in allocator_set)
+        problems.append(
+            (
+                "isolation",
+                f"'shared' runs in a process whose caching allocator has already started, and "
+                f"its settings are fixed when it starts; this spec sets {named}: leave them "
+                f"out, or use isolation 'clean'",
+            )
+        )
     if problems:
         raise InvalidSpec(*problems[0], *problems[1:])
     try:

@@ -37,7 +37,7 @@ MAX_POINTS = 1000
 # A sweep's points may together cost the planner what four of the slowest scenarios do.
 MAX_SWEEP_PLANNED_STEPS = 4 * MAX_PLANNED_STEPS
 MAX_VALUES = 200
-TOP_LEVEL = ("shape", "dtype", "device", "repeat", "warmup", "trace")
+TOP_LEVEL = ("shape", "dtype", "device", "repeat", "warmup", "trace", "isolation")
 
 
 def _place(spec: dict[str, Any], key: str, value: Any) -> None:

@@ -3,7 +3,7 @@
 import httpx
 import pytest
 
-from tests.helpers import ADD, CPU_CAPS, MATMUL, register, submit
+from tests.helpers import ADD, CPU_CAPS, MATMUL, claim, register, submit
 
 
 def test_submit_queues_and_reads_back(client: httpx.Client) -> None:
@@ -56,6 +56,12 @@ def test_queued_experiment_says_why_no_worker_runs_it(client: httpx.Client) -> N
         ({"op": "matmul"}, "params.other_shape", "is required"),
         ({"op": "randn", "dtype": "int32"}, "dtype", "does not take 'int32'"),
         ({"allocator": {"backend": "magic"}}, "allocator.backend", "native"),
+        ({"isolation": "pooled"}, "isolation", "'clean' or 'shared'"),
+        (
+            {"isolation": "shared", "allocator": {"expandable_segments": True}},
+            "isolation",
+            "sets allocator.expandable_segments",
+        ),
     ],
 )
 def test_bad_specs_are_422_naming_the_field(
@@ -146,3 +152,33 @@ def test_metrics_count_the_queue_for_prometheus(client: httpx.Client) -> None:
     assert 'vramlab_experiments{status="queued"} 1.0' in text
     assert 'vramlab_experiments{status="cancelled"} 1.0' in text
     assert "vramlab_workers_live 1.0" in text
+
+
+def test_isolation_is_kept_and_handed_to_the_worker(client: httpx.Client) -> None:
+    clean = submit(client)
+    shared = submit(client, isolation="shared")
+    assert clean["spec"]["isolation"] == "clean"
+    assert shared["spec"]["isolation"] == "shared"
+    assert client.get(f"/v1/experiments/{shared['id']}").json()["spec"]["isolation"] == "shared"
+    worker = register(client)
+    claimed = [claim(client, worker) for _ in range(2)]
+    handed = {c["id"]: c["spec"]["isolation"] for c in claimed if c is not None}
+    assert handed == {clean["id"]: "clean", shared["id"]: "shared"}
+
+
+def test_a_sweep_and_a_preset_carry_isolation(client: httpx.Client) -> None:
+    body = {"spec": {**ADD, "isolation": "shared"}, "grid": {"shape": [[8], [16]]}}
+    sweep = client.post("/v1/sweeps", json=body)
+    assert sweep.status_code == 202, sweep.text
+    for row in sweep.json()["rows"]:
+        exp = client.get(f"/v1/experiments/{row['experiment_id']}").json()
+        assert exp["spec"]["isolation"] == "shared"
+    grid = {"spec": ADD, "grid": {"isolation": ["clean", "shared"]}}
+    rows = client.post("/v1/sweeps", json=grid).json()["rows"]
+    assert [r["values"] for r in rows] == [{"isolation": "clean"}, {"isolation": "shared"}]
+    run = client.post(
+        "/v1/presets/cpu_copy_stays_alive/runs",
+        json={"device": "cpu", "size": "small", "isolation": "shared"},
+    )
+    assert run.status_code == 202, run.text
+    assert run.json()["spec"]["isolation"] == "shared"
