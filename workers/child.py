@@ -2,8 +2,10 @@
 
 The runner forks this from a forkserver that imported torch but never touched CUDA, so
 each experiment starts with an empty caching allocator and its own allocator settings.
-The result goes back over a pipe as JSON; the trace goes to a gzip NDJSON file. A spec
-with ``op: "scenario"`` runs its steps through workers/scenario.py instead of one op.
+A ``shared`` experiment may instead run in a long-lived child that served others before
+it, emptied and checked in between (``serve``, workers/shared.py). The result goes back
+over a pipe as JSON; the trace goes to a gzip NDJSON file. A spec with ``op:
+"scenario"`` runs its steps through workers/scenario.py instead of one op.
 """
 
 from __future__ import annotations
@@ -27,8 +29,8 @@ import torch._dynamo
 import torch.profiler
 
 from app import contract
-from app.contract import KEEPS_RESULT, ErrorType, Status
-from workers import allocator, limits, notes, scenario, sections
+from app.contract import KEEPS_RESULT, ErrorType, Isolation, Status
+from workers import allocator, limits, notes, scenario, sections, shared
 from workers.errors import OpFailure, call, classify, error, oom_details
 from workers.measure import Meter, fill_from_events
 from workers.ops import Inputs, Op, OpContext, as_tuple, op_for, torch_dtype
@@ -109,20 +111,39 @@ def prepare(device: torch.device) -> Prepared:
     return prepared
 
 
-def serve_spare(device: str, conn: Connection) -> None:
-    """A warm spare: prepare the device, wait for the runner's spec, run it, exit.
+def serve(device: str, conn: Connection) -> None:
+    """A warm child: start the device, then run the specs the runner sends on the pipe.
 
-    The spec arrives as JSON on the same pipe that carries the result back; EOF before it
-    means the runner retired this spare unused.
+    A clean spec is the child's only one: it exits after the result. A shared spec makes
+    it a shared process: after each result it empties and checks itself
+    (workers/shared.py), tells the runner whether it can serve again, and waits for the
+    next spec. EOF on the pipe means the runner retired it.
     """
     gc.freeze()
     prepared = prepare(torch.device(device))
-    try:
-        message = conn.recv_bytes()
-    except (EOFError, OSError):
-        return
-    spec, trace_path, t0_ns, handed_at = json.loads(message)
-    main(spec, conn, trace_path, t0_ns, prepared, handed_at)
+    baseline: shared.Baseline | None = None
+    runs = 0
+    while True:
+        try:
+            message = conn.recv_bytes()
+        except (EOFError, OSError):
+            return
+        spec, trace_path, t0_ns, handed_at = json.loads(message)
+        if spec.get("isolation") != Isolation.SHARED or prepared.error is not None:
+            main(spec, conn, trace_path, t0_ns, prepared, handed_at)
+            return
+        if baseline is None:  # before the first experiment: as a fresh process is
+            baseline = shared.Baseline.capture(torch.device(device))
+        payload = main(spec, conn, trace_path, t0_ns, prepared, handed_at, runs_before=runs)
+        runs += 1
+        prepared = Prepared(device)  # the device started before this process's next spec
+        why = shared.retire_after(spec, payload) or shared.empty(baseline)
+        try:
+            conn.send_bytes(json.dumps({"ready": why is None, "why": why}).encode())
+        except OSError:  # the runner retired it meanwhile
+            return
+        if why is not None:
+            return
 
 
 def main(
@@ -132,7 +153,10 @@ def main(
     t0_ns: int,
     prepared: Prepared | None = None,
     handed_at: float | None = None,
-) -> None:
+    runs_before: int | None = None,
+) -> dict[str, Any]:
+    """Run one spec and send its outcome on ``conn``; return what was sent.
+    ``runs_before``: in a shared process, how many experiments it ran before this one."""
     # Everything inherited from the forkserver (torch's modules) is long-lived: freezing it
     # keeps the collector from scanning it (a gc.collect() here took 0.17 s otherwise).
     gc.freeze()
@@ -142,7 +166,7 @@ def main(
         stages.times["handoff"] = stages.last - handed_at
     try:
         payload = run_experiment(
-            spec, Path(trace_path) if trace_path else None, t0_ns, prepared, stages
+            spec, Path(trace_path) if trace_path else None, t0_ns, prepared, stages, runs_before
         )
         # What the API will accept, checked here: a field nobody declared is our bug.
         payload = contract.Outcome.model_validate(payload).wire()
@@ -159,16 +183,16 @@ def main(
                 {"traceback": traceback.format_exc()[-contract.MAX_ERROR_MESSAGE_CHARS :]},
             ),
         }
-    if torch.cuda.is_initialized():
+    if torch.cuda.is_initialized() and runs_before is None:
         # The experiment's tensors are gone with run_experiment's frame: give their memory
         # back to the driver now, so that the next experiment need not wait for this
-        # process to exit.
+        # process to exit. (A shared process does it after answering, while it empties.)
         gc.collect()
         torch.cuda.empty_cache()
     stages.mark("report")
     payload["stages"] = stages.times
     conn.send_bytes(json.dumps(payload, default=str).encode())
-    conn.close()
+    return payload
 
 
 def run_experiment(
@@ -177,8 +201,10 @@ def run_experiment(
     t0_ns: int,
     prepared: Prepared | None = None,
     stages: Stages | None = None,
+    runs_before: int | None = None,
 ) -> dict[str, Any]:
     stages = stages or Stages()
+    sections.restore({})  # a shared process ran other experiments' sections before
     device = torch.device(spec["device"])
     if prepared is not None and prepared.device != str(device):
         raise RuntimeError(f"a spare prepared for {prepared.device} got a {device} spec")
@@ -232,6 +258,10 @@ def run_experiment(
         )
     if is_scenario:
         result["placement"] = body.watched
+    result["environment"].update(
+        isolation=Isolation.CLEAN if runs_before is None else Isolation.SHARED,
+        experiments_before=runs_before,
+    )
     details = {**body.extras}
     if sections.records():
         details["sections"] = sections.records()
@@ -251,7 +281,7 @@ def run_experiment(
                 {},
             )
         return {"status": Status.FAILED, "result": None, "error": err, "trace_events": 0}
-    result["notes"] = notes.write(spec, result, figures, trace.events, err, init_rss)
+    result["notes"] = notes.write(spec, result, figures, trace.events, err, init_rss, runs_before)
     stages.mark("notes")
     count = 0
     if spec.get("trace", "events") == "none":

@@ -56,7 +56,7 @@ _active: Limit | None = None
 def apply(spec: dict[str, Any], device: torch.device) -> Limit | None:
     """Limit this child to the spec's ``memory_limit_bytes`` (absent: no limit)."""
     global _active
-    _release()  # a child that runs more than one spec starts each from no limit
+    release()  # a shared child runs spec after spec: each starts from no limit
     cap = spec.get("memory_limit_bytes")
     if not isinstance(cap, int) or isinstance(cap, bool) or cap <= 0:
         return None
@@ -96,7 +96,10 @@ def active() -> Limit | None:
     return _active
 
 
-def _release() -> None:
+def release() -> None:
+    """Lift the limit (a shared child, after each experiment): the allocator may use the
+    whole device again, and the data segment's soft limit goes back to what it was. The
+    hard limit is never touched, so the soft one can always go back up."""
     global _active
     limit, _active = _active, None
     if limit is None:

@@ -23,9 +23,25 @@ def write(
     events: list[Event],
     error: dict[str, Any] | None,
     init_rss: tuple[int, int] | None = None,
+    runs_before: int | None = None,
 ) -> list[str]:
-    """Notes on ``result``, whose figures are ``mem``."""
+    """Notes on ``result``, whose figures are ``mem``; ``runs_before`` says how many
+    experiments a shared process ran before this one (None: a clean process)."""
     cuda = str(spec["device"]).startswith("cuda")
+    return _body_notes(spec, result, mem, events, error, init_rss, cuda) + _shared_notes(
+        runs_before, cuda
+    )
+
+
+def _body_notes(
+    spec: dict[str, Any],
+    result: dict[str, Any],
+    mem: MemoryFigures,
+    events: list[Event],
+    error: dict[str, Any] | None,
+    init_rss: tuple[int, int] | None,
+    cuda: bool,
+) -> list[str]:
     pred = Prediction.model_validate(spec["prediction"]) if spec.get("prediction") else None
     notes: list[str] = []
     if error is not None:
@@ -62,6 +78,44 @@ def write(
             "which adds a little time to each allocation."
         )
     return notes
+
+
+def _shared_notes(runs_before: int | None, cuda: bool) -> list[str]:
+    """What a shared process's figures share with a clean process's, and what they do not."""
+    if runs_before is None:
+        return []
+    if runs_before == 0:
+        return [
+            "Run in a shared process (isolation shared), the first it ran: it started as a "
+            "clean one does, and stays to serve later shared experiments."
+        ]
+    earlier = f"{runs_before} experiment{'s' if runs_before != 1 else ''}"
+    if cuda:
+        same = (
+            "the caching allocator was empty (allocated and reserved 0, every cached segment "
+            "given back to the driver), its peak and accumulated statistics reset, cuBLAS's "
+            "workspaces freed (a first matmul allocates one again), pinned host blocks given "
+            "back, the allocation history empty and the random generators reset"
+        )
+        other = (
+            "CUDA kernels already loaded, cuDNN and cuBLAS handles and plans made earlier, "
+            "the CUDA context made before this experiment (its start-up and its host memory "
+            "are in no figure here), and host RSS, which starts from what the earlier "
+            "experiments left (device-level used memory also counts the loaded kernels)"
+        )
+    else:
+        same = (
+            "the profiler started afresh (allocated counts this experiment's events alone), "
+            "the byte cap was applied anew, and the random generators were reset"
+        )
+        other = (
+            "libraries and their thread pools already started, and host RSS, which starts "
+            "from what the earlier experiments left"
+        )
+    return [
+        f"Run in a shared process (isolation shared) that had run {earlier} before this "
+        f"one. As in a clean process: {same}. Not as in a clean process: {other}."
+    ]
 
 
 def _prediction_notes(

@@ -12,6 +12,13 @@ spec that a started allocator can still honour is handed to a spare, which saves
 fork and the context (most of a tiny experiment's time). Other specs take the cold path:
 a child forked for them. One runner may run several experiments at once (worker
 ``--concurrency``); each result says how many shared its device.
+
+Shared processes: a spec with ``isolation: "shared"`` goes to a long-lived child that
+serves spec after spec (up to ``concurrency`` of them per device, each retired after
+``shared_runs`` experiments). After each result the child empties and checks itself
+(workers/shared.py) and says whether it can serve again; one that cannot, or whose
+experiment crashed, timed out or was cancelled, is retired, and the next shared spec
+starts a new one (from a warm spare where there is one).
 """
 
 from __future__ import annotations
@@ -37,10 +44,10 @@ from multiprocessing.context import (
     SpawnProcess,
 )
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 from app.catalog.devices import canonical_device
-from app.contract import ErrorType, Status
+from app.contract import ChildStart, ErrorType, Isolation, Status
 from workers import allocator
 
 PRELOAD = ["torch", "workers.child"]
@@ -52,12 +59,11 @@ START_ATTEMPTS = 4
 # the words for an exit or a signal).
 _CANCEL = "stopped for a cancel"
 EXIT_GRACE_S = 10.0  # after a result, how long a child may take to exit before a kill
+SHARED_RUNS = 500  # experiments a shared process serves before it retires
+# After a result, how long a shared child may take to empty itself before it is retired.
+READY_TIMEOUT_S = 30.0
 
 log = logging.getLogger("vramlab.worker")
-
-# How an experiment's child started: a warm spare, forked for the spec, or (to change
-# the allocator backend) a fresh interpreter.
-ChildStart = Literal["warm_spare", "forked", "fresh_interpreter"]
 
 
 @dataclass
@@ -77,6 +83,7 @@ class Outcome:
 class _Child:
     proc: ForkServerProcess | SpawnProcess
     conn: Connection  # the parent's end: the result arrives on it (a spare's spec leaves on it)
+    runs: int = 0  # specs handed to it (a shared child serves many)
 
 
 def _never() -> bool:
@@ -101,10 +108,10 @@ def _child_entry(kind: str, conn: Connection, args: tuple[Any, ...]) -> None:
             from workers.child import main
 
             main(args[0], conn, args[1], args[2], None, args[3])
-        elif kind == "spare":
-            from workers.child import serve_spare
+        elif kind == "spare":  # a warm spare, or a new shared process
+            from workers.child import serve
 
-            serve_spare(args[0], conn)
+            serve(args[0], conn)
         elif kind == "probe":
             from workers.probe import capabilities
 
@@ -123,6 +130,9 @@ class Runner:
     context takes about a quarter of a second to make: with experiments back to back, one
     spare is not ready again by the next claim, and a second one (``spares=2``, another
     idle context on the GPU) covers that gap.
+
+    Shared specs run in up to ``concurrency`` long-lived children per device, each
+    retired after ``shared_runs`` experiments (or sooner: see the module's docstring).
     """
 
     def __init__(
@@ -132,6 +142,7 @@ class Runner:
         warm: bool = True,
         concurrency: int = 1,
         spares: int | None = None,
+        shared_runs: int = SHARED_RUNS,
     ) -> None:
         if device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', not {device!r}")
@@ -139,7 +150,10 @@ class Runner:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
         if spares is not None and spares < 1:
             raise ValueError(f"spares must be at least 1, not {spares}")
+        if shared_runs < 1:
+            raise ValueError(f"shared_runs must be at least 1, not {shared_runs}")
         self.spare_count = spares or concurrency
+        self.shared_runs = shared_runs
         self.device = device
         self.warm = warm
         self.concurrency = concurrency
@@ -147,6 +161,7 @@ class Runner:
         self._capabilities: dict[str, Any] | None = None
         self._lock = threading.RLock()
         self._spares: dict[str, list[_Child]] = {}
+        self._shared: dict[str, list[_Child]] = {}  # idle shared children, per device
         self._exiting: list[ForkServerProcess | SpawnProcess] = []
         self._filling: dict[str, threading.Thread] = {}  # the latest fill per device
         # Per device, one counter per running experiment: the most that ran at once.
@@ -224,13 +239,22 @@ class Runner:
             trace_path = folder / f"vramlab-trace-{uuid.uuid4().hex}.ndjson.gz"
         timeout = float(spec.get("timeout_s") or DEFAULT_TIMEOUT_S)
         settings = spec.get("allocator") or {}
-        with self._sharing(device) as shared:
+        reuse = spec.get("isolation") == Isolation.SHARED
+        if reuse and any(v is not None for v in settings.values()):
+            # The API refuses this; a caller of the runner itself gets a clean process.
+            reuse, spec = False, {**spec, "isolation": Isolation.CLEAN}
+        with self._sharing(device) as at_once:
             args = (spec, str(trace_path) if trace_path else None, time.time_ns())
             began = time.perf_counter()
-            child, start = self._child_for(device, settings, args)
+            if reuse:
+                child, start = self._shared_child(device, args)
+            else:
+                child, start = self._child_for(device, settings, args)
             pid = child.proc.pid
             launched = time.perf_counter()
-            payload, ended, code = self._wait(child, timeout, should_cancel)
+            payload, ended, code = self._wait(child, timeout, should_cancel, keep=reuse)
+        if reuse and ended == "finished":
+            self._give_back(device, child)
         if self.warm and device == "cpu":
             self._fill_soon(device)
         outcome = self._outcome(payload, ended, code, trace_path, timeout)
@@ -239,7 +263,7 @@ class Runner:
         outcome.stages["runner_wait"] = time.perf_counter() - launched
         if outcome.result is not None:
             environment = outcome.result.setdefault("environment", {})
-            environment["concurrent"] = shared[0]
+            environment["concurrent"] = at_once[0]
             environment["child_start"] = start
         if start == "fresh_interpreter" and outcome.result is not None:
             outcome.result["notes"].append(
@@ -251,15 +275,17 @@ class Runner:
         return outcome
 
     def close(self) -> None:
-        """Retire the spares. The forkserver exits by itself once no process holds its
+        """Retire the spares and the idle shared children (a busy one retires when its
+        experiment ends). The forkserver exits by itself once no process holds its
         "alive" pipe, that is when this process exits; the stdlib offers no public way to
         stop it sooner."""
         with self._lock:
-            spares = [c for pool in self._spares.values() for c in pool]
+            idle = [c for pools in (self._spares, self._shared) for p in pools.values() for c in p]
             self._spares.clear()
+            self._shared.clear()
             self._ctx = None
-        for child in spares:
-            child.conn.close()  # EOF: the spare exits without running anything
+        for child in idle:
+            child.conn.close()  # EOF: the child exits without running anything more
             self._exiting.append(child.proc)
         self._settle()
 
@@ -267,6 +293,11 @@ class Runner:
         """The warm children waiting for a spec on ``device`` ("cpu", "cuda:0")."""
         with self._lock:
             return [child.proc for child in self._spares.get(device, [])]
+
+    def shared(self, device: str) -> list[ForkServerProcess | SpawnProcess]:
+        """The shared children waiting for their next spec on ``device``."""
+        with self._lock:
+            return [child.proc for child in self._shared.get(device, [])]
 
     # -- children ------------------------------------------------------------------
     def _child_for(
@@ -293,6 +324,54 @@ class Runner:
             # does not compete for the CPU with an experiment timed on the wall clock.
             self._fill_soon(device)
         return child, "warm_spare" if spare is not None else "forked"
+
+    def _shared_child(self, device: str, args: tuple[Any, ...]) -> tuple[_Child, ChildStart]:
+        """A shared child running ``args``' spec: an idle one that emptied itself, else a
+        new one (a warm spare where there is one: its device has started)."""
+        child = self._take_shared(device)
+        start: ChildStart = "shared"
+        if child is None:
+            spare = self._take_spare(device) if self.warm else None
+            child = spare or self._spawn("spare", (device,))
+            start = "warm_spare" if spare is not None else "forked"
+            if spare is not None and device != "cpu":
+                self._fill_soon(device)  # as _child_for does when it takes a spare
+        try:
+            child.conn.send_bytes(json.dumps([*args, time.perf_counter()]).encode())
+        except OSError:  # it died since it said it was ready: start one for this spec
+            self._discard(child)
+            child, start = self._spawn("spare", (device,)), "forked"
+            child.conn.send_bytes(json.dumps([*args, time.perf_counter()]).encode())
+        child.runs += 1
+        return child, start
+
+    def _take_shared(self, device: str) -> _Child | None:
+        while True:
+            with self._lock:
+                pool = self._shared.get(device)
+                if not pool:
+                    return None
+                child = pool.pop()  # the one used last
+            why = _not_ready(child)
+            if why is None:
+                return child
+            log.info("retiring shared process %s: %s", child.proc.pid, why)
+            self._discard(child)
+
+    def _give_back(self, device: str, child: _Child) -> None:
+        """After its result: keep a shared child for the next shared spec, or retire it
+        (served enough, enough idle, or the runner closed)."""
+        with self._lock:
+            pool = self._shared.setdefault(device, [])
+            if (
+                self._ctx is not None
+                and child.runs < self.shared_runs
+                and len(pool) < self.concurrency
+            ):
+                pool.append(child)
+                return
+        child.conn.close()  # EOF: it exits once it has emptied itself
+        self._retire(child.proc)
 
     def _fill_soon(self, device: str) -> None:
         thread = threading.Thread(target=self._fill, args=(device,), daemon=True)
@@ -386,8 +465,14 @@ class Runner:
         return _Child(proc, ours)
 
     def _wait(
-        self, child: _Child, timeout: float, should_cancel: Callable[[], bool]
+        self,
+        child: _Child,
+        timeout: float,
+        should_cancel: Callable[[], bool],
+        keep: bool = False,
     ) -> tuple[dict[str, Any] | None, str, int | None]:
+        """Wait for the child's result. ``keep``: a child that answered stays as it is (a
+        shared child, which the caller gives back); any other is retired or killed."""
         proc, conn = child.proc, child.conn
         finished = False
         try:
@@ -408,13 +493,14 @@ class Runner:
                 if time.monotonic() > deadline:
                     return None, "timeout", None
         finally:
-            conn.close()
-            if finished:
-                self._retire(proc)
-            else:
-                if proc.is_alive():
-                    proc.kill()
-                _reap(proc)
+            if not (finished and keep):
+                conn.close()
+                if finished:
+                    self._retire(proc)
+                else:
+                    if proc.is_alive():
+                        proc.kill()
+                    _reap(proc)
 
     def _outcome(
         self,
@@ -488,6 +574,18 @@ class Runner:
             self.start()
         assert self._ctx is not None
         return self._ctx
+
+
+def _not_ready(child: _Child) -> str | None:
+    """None once a shared child said it emptied itself after its last result; else why
+    it cannot serve again."""
+    try:
+        if not child.conn.poll(READY_TIMEOUT_S):
+            return f"it did not empty itself within {READY_TIMEOUT_S:g} s"
+        answer = json.loads(child.conn.recv_bytes())
+    except (EOFError, OSError):
+        return "it exited"
+    return None if answer.get("ready") else str(answer.get("why"))
 
 
 def _reap(proc: ForkServerProcess | SpawnProcess) -> None:

@@ -91,6 +91,9 @@ class CudaHistoryTracer:
             context="alloc" if self._stacks else None,
             stacks="python",
             max_entries=MAX_ENTRIES,
+            # Empty in a fresh process; in a shared one it holds nothing of an earlier
+            # experiment either (workers/shared.py checks that, this makes sure).
+            clear_history=True,
         )
 
     @contextmanager

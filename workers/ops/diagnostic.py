@@ -1,4 +1,5 @@
-"""Diagnostic ops: sleep (timeouts, cancels) and abort (crashes)."""
+"""Diagnostic ops: sleep (timeouts, cancels), abort (crashes) and leak (a process left
+holding memory)."""
 
 import os
 import time
@@ -19,7 +20,18 @@ def _abort_run(inputs: Inputs, ctx: OpContext) -> Outputs:
     os.abort()
 
 
+# What ``leak`` keeps: alive for as long as the process lives.
+_LEAKED: list[torch.Tensor] = []
+
+
+def _leak_run(inputs: Inputs, ctx: OpContext) -> Outputs:
+    held = torch.empty(ctx.shape, dtype=ctx.dtype, device=ctx.device)
+    _LEAKED.append(held)
+    return held
+
+
 OPS = {
     "sleep": Op(no_inputs, _sleep_run, probe=False),
     "abort": Op(no_inputs, _abort_run, probe=False),
+    "leak": Op(no_inputs, _leak_run, probe=False),
 }

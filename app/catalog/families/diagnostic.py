@@ -1,4 +1,5 @@
-"""Diagnostic ops for testing the service itself: timeouts, cancels and crashes."""
+"""Diagnostic ops for testing the service itself: timeouts, cancels, crashes, and a
+process left holding memory."""
 
 from app.catalog.families.creation import ENTRIES as _CREATION
 from app.catalog.model import OpEntry, Param
@@ -18,6 +19,13 @@ ENTRIES = (
     OpEntry(
         name="abort",
         summary="diagnostic: the child process aborts (tests crash handling)",
+        plan_fn=_plan,
+        tags=("diagnostic",),
+    ),
+    OpEntry(
+        name="leak",
+        summary="diagnostic: make the shape's tensor and keep it alive in the process after "
+        "the experiment (tests that a shared process left holding memory is retired)",
         plan_fn=_plan,
         tags=("diagnostic",),
     ),
