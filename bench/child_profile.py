@@ -10,9 +10,10 @@ stages' medians (the same stages the runner reports) and the functions with the 
 cumulative time over all N children.
 
 With ``--runner`` it times N experiments through ``workers.runner.Runner`` instead, cold
-children and warm spares side by side, and prints each stage's median (``runner_launch``:
-taking a spare or forking a child; ``handoff``: until the child had the spec; then the
-child's stages; ``runner_wait``: launch to result, the child's whole time).
+children, warm spares and a shared process (isolation shared: the same process for all N
+after its first) side by side, and prints each stage's median (``runner_launch``: taking
+a spare or forking a child; ``handoff``: until the child had the spec; then the child's
+stages; ``runner_wait``: launch to result, the child's whole time).
 """
 
 import argparse
@@ -73,16 +74,18 @@ def through_runner(spec: dict[str, object], n: int) -> None:
 
     columns: dict[str, dict[str, float]] = {}
     totals: dict[str, float] = {}
-    for label, warm in (("cold", False), ("warm", True)):
-        runner = Runner(warm=warm)
+    labels = ("cold", "warm", "shared")
+    for label in labels:
+        runner = Runner(warm=label != "cold")
         runner.start()
         runner.capabilities()
         stages: dict[str, list[float]] = {}
         walls = []
-        for _ in range(n + 1):
+        run_spec = {**spec, "isolation": "shared" if label == "shared" else "clean"}
+        for _ in range(n + 1):  # the first is not counted (shared: it starts the process)
             time.sleep(0.5)  # as between a user's experiments: the spare is ready
             started = time.perf_counter()
-            outcome = runner.run(spec)
+            outcome = runner.run(run_spec)
             walls.append(time.perf_counter() - started)
             assert outcome.status == "succeeded", outcome.error
             if outcome.trace_path is not None:
@@ -93,12 +96,16 @@ def through_runner(spec: dict[str, object], n: int) -> None:
         columns[label] = {k: statistics.median(v[1:]) for k, v in stages.items()}
         totals[label] = statistics.median(walls[1:])
     print(f"\n{spec['op']} 256x256 float32 on {spec['device']} through the runner, n={n}")
-    print(f"{'stage':<16} {'cold ms':>8} {'warm ms':>8}")
-    for key in dict.fromkeys([*columns["cold"], *columns["warm"]]):
-        cells = [columns[c].get(key) for c in ("cold", "warm")]
-        text = [f"{v * 1000:8.1f}" if v is not None else " " * 8 for v in cells]
+    print(f"{'stage':<16} " + " ".join(f"{label + ' ms':>9}" for label in labels))
+    for key in dict.fromkeys(k for label in labels for k in columns[label]):
+        cells = [columns[c].get(key) for c in labels]
+        text = [f"{v * 1000:9.1f}" if v is not None else " " * 9 for v in cells]
         print(f"{key:<16} " + " ".join(text))
-    print(f"{'runner.run':<16} {totals['cold'] * 1000:8.1f} {totals['warm'] * 1000:8.1f}")
+    print(f"{'runner.run':<16} " + " ".join(f"{totals[c] * 1000:9.1f}" for c in labels))
+    print(
+        f"shared over warm: {totals['warm'] / totals['shared']:.2f}x faster; over cold: "
+        f"{totals['cold'] / totals['shared']:.2f}x"
+    )
 
 
 def main() -> None:

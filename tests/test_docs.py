@@ -4,7 +4,7 @@ docs/results.md, every preset's article a section a reader can follow."""
 from pathlib import Path
 
 from app.catalog.presets import PRESETS
-from app.contract import ErrorType
+from app.contract import Environment, ErrorType
 from app.core.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,6 +20,13 @@ def test_results_md_explains_every_error_type() -> None:
     results = (ROOT / "docs" / "results.md").read_text()
     for error_type in ErrorType:
         assert f"| `{error_type}` |" in results, error_type
+
+
+def test_results_md_names_every_environment_field() -> None:
+    results = (ROOT / "docs" / "results.md").read_text()
+    section = results.split("- `environment`:")[1].split("\n- ")[0]
+    for name in Environment.model_fields:
+        assert f"`{name}`" in section, name
 
 
 def test_each_preset_points_at_a_section_a_reader_can_follow() -> None:

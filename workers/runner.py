@@ -49,6 +49,7 @@ from typing import Any
 from app.catalog.devices import canonical_device
 from app.contract import ChildStart, ErrorType, Isolation, Status
 from workers import allocator
+from workers.children import EXIT_GRACE_S, Child, SharedPool, reap, reap_soon
 
 PRELOAD = ["torch", "workers.child"]
 POLL_S = 0.1
@@ -58,10 +59,7 @@ START_ATTEMPTS = 4
 # How a child ended when we stopped it for a cancel (beside "finished", "timeout" and
 # the words for an exit or a signal).
 _CANCEL = "stopped for a cancel"
-EXIT_GRACE_S = 10.0  # after a result, how long a child may take to exit before a kill
 SHARED_RUNS = 500  # experiments a shared process serves before it retires
-# After a result, how long a shared child may take to empty itself before it is retired.
-READY_TIMEOUT_S = 30.0
 
 log = logging.getLogger("vramlab.worker")
 
@@ -77,13 +75,6 @@ class Outcome:
     # an experiment's time goes, for bench/ (not part of the result).
     stages: dict[str, float] = field(default_factory=dict)
     pid: int | None = None  # the child's process id
-
-
-@dataclass
-class _Child:
-    proc: ForkServerProcess | SpawnProcess
-    conn: Connection  # the parent's end: the result arrives on it (a spare's spec leaves on it)
-    runs: int = 0  # specs handed to it (a shared child serves many)
 
 
 def _never() -> bool:
@@ -160,8 +151,8 @@ class Runner:
         self._ctx: ForkServerContext | None = None
         self._capabilities: dict[str, Any] | None = None
         self._lock = threading.RLock()
-        self._spares: dict[str, list[_Child]] = {}
-        self._shared: dict[str, list[_Child]] = {}  # idle shared children, per device
+        self._spares: dict[str, list[Child]] = {}
+        self._shared = SharedPool(concurrency, shared_runs)
         self._exiting: list[ForkServerProcess | SpawnProcess] = []
         self._filling: dict[str, threading.Thread] = {}  # the latest fill per device
         # Per device, one counter per running experiment: the most that ran at once.
@@ -254,7 +245,7 @@ class Runner:
             launched = time.perf_counter()
             payload, ended, code = self._wait(child, timeout, should_cancel, keep=reuse)
         if reuse and ended == "finished":
-            self._give_back(device, child)
+            self._shared.give_back(device, child)
         if self.warm and device == "cpu":
             self._fill_soon(device)
         outcome = self._outcome(payload, ended, code, trace_path, timeout)
@@ -280,11 +271,10 @@ class Runner:
         "alive" pipe, that is when this process exits; the stdlib offers no public way to
         stop it sooner."""
         with self._lock:
-            idle = [c for pools in (self._spares, self._shared) for p in pools.values() for c in p]
+            idle = [c for pool in self._spares.values() for c in pool]
             self._spares.clear()
-            self._shared.clear()
             self._ctx = None
-        for child in idle:
+        for child in [*idle, *self._shared.close()]:
             child.conn.close()  # EOF: the child exits without running anything more
             self._exiting.append(child.proc)
         self._settle()
@@ -296,13 +286,12 @@ class Runner:
 
     def shared(self, device: str) -> list[ForkServerProcess | SpawnProcess]:
         """The shared children waiting for their next spec on ``device``."""
-        with self._lock:
-            return [child.proc for child in self._shared.get(device, [])]
+        return self._shared.idle(device)
 
     # -- children ------------------------------------------------------------------
     def _child_for(
         self, device: str, settings: dict[str, Any], args: tuple[Any, ...]
-    ) -> tuple[_Child, ChildStart]:
+    ) -> tuple[Child, ChildStart]:
         """A child running ``args``' spec: a warm spare where the settings allow one."""
         handed_at = time.perf_counter()
         if allocator.needs_fresh_interpreter(settings):
@@ -325,10 +314,10 @@ class Runner:
             self._fill_soon(device)
         return child, "warm_spare" if spare is not None else "forked"
 
-    def _shared_child(self, device: str, args: tuple[Any, ...]) -> tuple[_Child, ChildStart]:
+    def _shared_child(self, device: str, args: tuple[Any, ...]) -> tuple[Child, ChildStart]:
         """A shared child running ``args``' spec: an idle one that emptied itself, else a
         new one (a warm spare where there is one: its device has started)."""
-        child = self._take_shared(device)
+        child = self._shared.take(device)
         start: ChildStart = "shared"
         if child is None:
             spare = self._take_spare(device) if self.warm else None
@@ -345,41 +334,13 @@ class Runner:
         child.runs += 1
         return child, start
 
-    def _take_shared(self, device: str) -> _Child | None:
-        while True:
-            with self._lock:
-                pool = self._shared.get(device)
-                if not pool:
-                    return None
-                child = pool.pop()  # the one used last
-            why = _not_ready(child)
-            if why is None:
-                return child
-            log.info("retiring shared process %s: %s", child.proc.pid, why)
-            self._discard(child)
-
-    def _give_back(self, device: str, child: _Child) -> None:
-        """After its result: keep a shared child for the next shared spec, or retire it
-        (served enough, enough idle, or the runner closed)."""
-        with self._lock:
-            pool = self._shared.setdefault(device, [])
-            if (
-                self._ctx is not None
-                and child.runs < self.shared_runs
-                and len(pool) < self.concurrency
-            ):
-                pool.append(child)
-                return
-        child.conn.close()  # EOF: it exits once it has emptied itself
-        self._retire(child.proc)
-
     def _fill_soon(self, device: str) -> None:
         thread = threading.Thread(target=self._fill, args=(device,), daemon=True)
         with self._lock:
             self._filling[device] = thread
         thread.start()
 
-    def _take_spare(self, device: str) -> _Child | None:
+    def _take_spare(self, device: str) -> Child | None:
         filling = self._filling.get(device)
         if filling is not None and not self._spares.get(device):
             filling.join()  # a spare being forked now is still sooner than a new fork
@@ -404,24 +365,21 @@ class Runner:
                     log.warning("could not start a spare child for %s: %s", device, exc)
                     return
 
-    def _discard(self, child: _Child) -> None:
-        child.conn.close()
-        if child.proc.is_alive():
-            child.proc.kill()
-        _reap(child.proc)
+    def _discard(self, child: Child) -> None:
+        child.discard()
 
     def _settle(self) -> None:
         """Reap children that have sent their results; kill any that will not exit."""
         with self._lock:
             exiting, self._exiting = self._exiting, []
         for proc in exiting:
-            _reap(proc)
+            reap(proc)
 
     def _retire(self, proc: ForkServerProcess | SpawnProcess) -> None:
         """A child that sent its result exits by itself (for CUDA, a context teardown of
         tens of milliseconds): reap it in the background, off every experiment's clock.
         Its tensors went back to the driver before it answered (workers/child.py)."""
-        threading.Thread(target=_reap, args=(proc,), name="vramlab-reap", daemon=True).start()
+        reap_soon(proc)
 
     @contextlib.contextmanager
     def _sharing(self, device: str) -> Iterator[list[int]]:
@@ -449,7 +407,7 @@ class Runner:
         """Run one child; return its payload (or None), how it ended in words, its exit code."""
         return self._wait(self._spawn(kind, args), timeout, should_cancel)
 
-    def _spawn(self, kind: str, args: tuple[Any, ...], fresh: bool = False) -> _Child:
+    def _spawn(self, kind: str, args: tuple[Any, ...], fresh: bool = False) -> Child:
         ctx: ForkServerContext | SpawnContext = (
             multiprocessing.get_context("spawn") if fresh else self._ctx_or_start()
         )
@@ -462,11 +420,11 @@ class Runner:
             raise
         finally:
             theirs.close()  # the child holds the only other end now: EOF means it is gone
-        return _Child(proc, ours)
+        return Child(proc, ours)
 
     def _wait(
         self,
-        child: _Child,
+        child: Child,
         timeout: float,
         should_cancel: Callable[[], bool],
         keep: bool = False,
@@ -500,7 +458,7 @@ class Runner:
                 else:
                     if proc.is_alive():
                         proc.kill()
-                    _reap(proc)
+                    reap(proc)
 
     def _outcome(
         self,
@@ -574,27 +532,6 @@ class Runner:
             self.start()
         assert self._ctx is not None
         return self._ctx
-
-
-def _not_ready(child: _Child) -> str | None:
-    """None once a shared child said it emptied itself after its last result; else why
-    it cannot serve again."""
-    try:
-        if not child.conn.poll(READY_TIMEOUT_S):
-            return f"it did not empty itself within {READY_TIMEOUT_S:g} s"
-        answer = json.loads(child.conn.recv_bytes())
-    except (EOFError, OSError):
-        return "it exited"
-    return None if answer.get("ready") else str(answer.get("why"))
-
-
-def _reap(proc: ForkServerProcess | SpawnProcess) -> None:
-    proc.join(EXIT_GRACE_S)
-    if proc.is_alive():
-        proc.kill()
-        proc.join(EXIT_GRACE_S)
-    with contextlib.suppress(ValueError):
-        proc.close()
 
 
 def _preload() -> list[str]:

@@ -121,6 +121,24 @@ def test_a_crashing_child_fails_and_the_worker_goes_on(service: str) -> None:
         assert wait_done(client, after["id"])["status"] == "succeeded"
 
 
+def test_shared_experiments_reuse_a_process_and_a_crash_fails_only_its_own(service: str) -> None:
+    add = {"op": "add", "shape": [1000, 1000], "device": "cpu", "isolation": "shared"}
+    crash = {"op": "abort", "shape": [4], "device": "cpu", "isolation": "shared"}
+    with httpx.Client(base_url=service, timeout=30) as client:
+        ids = [client.post("/v1/experiments", json=spec).json()["id"] for spec in (add, add)]
+        ids.append(client.post("/v1/experiments", json=crash).json()["id"])
+        ids.append(client.post("/v1/experiments", json=add).json()["id"])
+        first, second, crashed, after = (wait_done(client, i) for i in ids)
+    assert crashed["status"] == "failed" and crashed["error"]["type"] == "crashed"
+    for exp in (first, second, after):
+        assert exp["status"] == "succeeded", exp["error"]
+        assert exp["spec"]["isolation"] == "shared"
+        assert exp["result"]["environment"]["isolation"] == "shared"
+        assert exp["result"]["memory"]["delta_allocated"] == exp["prediction"]["delta_allocated"]
+    befores = [e["result"]["environment"]["experiments_before"] for e in (first, second, after)]
+    assert befores == [0, 1, 0]  # the crash took its process; the next started a new one
+
+
 def test_the_byte_cap_holds_on_the_run_and_the_worker_goes_on(capped_service: str) -> None:
     # The case: predicted at about 2.6 MB, float64 conv2d on the CPU asks for
     # 1 GB of im2col. At a 64 MiB cap the child is stopped by its OS limit, not the host.
