@@ -107,6 +107,13 @@ def main() -> None:
         default="clean",
         help="shared: also run the experiments in shared processes, beside the clean rows",
     )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every setting this many times, in turn, and report each figure's median "
+        "(on a host whose load drifts, each setting then sees the same drift)",
+    )
     args = parser.parse_args()
     clean = {**SPEC, "device": args.device}
     shared = {**clean, "isolation": "shared"}
@@ -123,19 +130,32 @@ def main() -> None:
             ("shared, 1 at a time", [], shared),
             (f"shared, {n} at once", ["--concurrency", n], shared),
         ]
-    rows = []
-    for label, worker_args, spec in settings:
-        with running_service(args.device, worker_args=worker_args) as client:
-            times, last, parts = sequential(client, spec, args.seq)
-            rate = burst(client, spec, args.burst)
-        env = (last.get("result") or {}).get("environment") or {}
-        rows.append((label, statistics.median(times), p95(times), rate, env.get("child_start")))
-        where = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in parts.items())
-        print(f"{label}: p50 {rows[-1][1]:.3f} s ({where}), {rate:.1f}/s", flush=True)
+    runs: dict[str, list[tuple[float, float, float, str | None]]] = {}
+    for _ in range(args.rounds):
+        for label, worker_args, spec in settings:
+            with running_service(args.device, worker_args=worker_args) as client:
+                times, last, parts = sequential(client, spec, args.seq)
+                rate = burst(client, spec, args.burst)
+            env = (last.get("result") or {}).get("environment") or {}
+            p50 = statistics.median(times)
+            runs.setdefault(label, []).append((p50, p95(times), rate, env.get("child_start")))
+            where = ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in parts.items())
+            print(f"{label}: p50 {p50:.3f} s ({where}), {rate:.1f}/s", flush=True)
+    rows = [
+        (
+            label,
+            statistics.median(r[0] for r in measured),
+            statistics.median(r[1] for r in measured),
+            statistics.median(r[2] for r in measured),
+            measured[-1][3],
+        )
+        for label, measured in runs.items()
+    ]
     base = rows[0]
     print(
         f"\nop add 256x256 float32 on {args.device}: {args.seq} sequential "
         f"(submit to succeeded), then a burst of {args.burst}"
+        + (f"; medians of {args.rounds} rounds" if args.rounds > 1 else "")
     )
     head = f"{'worker':<28} {'p50 s':>7} {'p95 s':>7} {'burst/s':>8} {'p50 x':>7} {'rate x':>7}"
     print(head + "  child")

@@ -130,6 +130,31 @@ def test_sweep_wait_and_compare(live: LiveServer, tmp_path: Path) -> None:
     assert as_json["differences"]["delta_allocated"] == [0, 512]
 
 
+def test_isolation_reaches_the_spec_from_submit_run_and_sweep(
+    live: LiveServer, tmp_path: Path
+) -> None:
+    base = ["--json", "--isolation", "shared"]
+    submitted = run(live.url, "submit", "--op", "add", "--shape", "8x8", "--device", "cpu", *base)
+    assert submitted.returncode == 0, submitted.stderr
+    assert json.loads(submitted.stdout)["spec"]["isolation"] == "shared"
+    preset = run(
+        live.url, "run", "cpu_copy_stays_alive", "--device", "cpu", "--size", "small", *base
+    )
+    assert preset.returncode == 0, preset.stderr
+    assert json.loads(preset.stdout)["spec"]["isolation"] == "shared"
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"op": "add", "shape": [8], "device": "cpu"}))
+    swept = run(live.url, "sweep", "--spec", str(spec), "--grid", "shape=[8];[16]", *base)
+    assert swept.returncode == 0, swept.stderr
+    with httpx.Client(base_url=live.url) as client:
+        for row in json.loads(swept.stdout)["rows"]:
+            exp = client.get(f"/v1/experiments/{row['experiment_id']}").json()
+            assert exp["spec"]["isolation"] == "shared"
+    spec.write_text(json.dumps({"op": "add", "shape": [8], "allocator": {"max_split_size_mb": 64}}))
+    refused = run(live.url, "submit", "--file", str(spec), "--isolation", "shared")
+    assert refused.returncode == 1 and "isolation" in refused.stderr
+
+
 def test_the_token_is_sent_as_a_bearer(live: LiveServer) -> None:
     # A token the API does not know is refused, which shows the CLI sent it.
     refused = run(live.url, "ls", "--token", "vl_not-a-token")

@@ -65,6 +65,7 @@ def test_pages_show_experiments_sweeps_and_comparisons(client: httpx.Client) -> 
 
     form = client.get("/ui/submit").text
     assert 'id="spec"' in form and "/v1/experiments" in form
+    assert '<select id="isolation">' in form and 'value="shared"' in form
     for html in (index.text, page, sweep_page, compare, form):
         assert not EXTERNAL.search(html), "a page loads something from elsewhere"
     assert client.get("/ui/experiments/nope").status_code == 404
