@@ -66,3 +66,28 @@ def test_tag_rows_get_their_experiments_created_at_on_upgrade(database_url: str)
             "/v1/experiments", params={"tag": "a", "limit": 5, "cursor": listed["next_cursor"]}
         ).json()
         assert [e["id"] for e in after["items"]] == ids[::-1][2:]
+
+
+def test_experiments_from_before_isolation_read_back_clean(database_url: str) -> None:
+    """0008 gives every experiment already stored isolation 'clean', as it ran."""
+    url = normalise_database_url(database_url)
+    command.downgrade(alembic_config(url), "0007")
+    with LiveServer(make_settings(database_url)) as live, httpx.Client(base_url=live.url) as c:
+        engine = create_engine(url)
+        try:
+            with engine.begin() as conn:
+                conn.execute(
+                    text(
+                        "INSERT INTO experiments (id, kind, status, op, shape, params, dtype, "
+                        "device, device_type, gpus_needed, warmup, repeat, timeout_s, "
+                        "allocator, trace_mode, priority, prediction, attempts, "
+                        "cancel_requested, created_at, available_at) VALUES ('old', "
+                        "'experiment', 'queued', 'add', '[4]', '{}', 'float32', 'cpu', 'cpu', "
+                        "0, 1, 3, 60, '{}', 'events', 0, '{}', 0, false, "
+                        "CURRENT_TIMESTAMP, CURRENT_TIMESTAMP)"
+                    )
+                )
+        finally:
+            engine.dispose()
+        command.upgrade(alembic_config(url), "head")
+        assert c.get("/v1/experiments/old").json()["spec"]["isolation"] == "clean"

@@ -1,7 +1,7 @@
 """an experiment's isolation: a clean process of its own, or a worker's shared one
 
-Revision ID: 0007
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 Create Date: 2026-11-23 10:00:00
 """
 
@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0007"
-down_revision: str | None = "0006"
+revision: str = "0008"
+down_revision: str | None = "0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -24,5 +24,8 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("experiments", schema=None) as batch_op:
+    # In place (SQLite has dropped columns itself since 3.35): a batch copy of the table
+    # would drop the old one, and with foreign keys on that deletes every experiment's
+    # tags, result and trace by cascade.
+    with op.batch_alter_table("experiments", schema=None, recreate="never") as batch_op:
         batch_op.drop_column("isolation")
