@@ -137,7 +137,10 @@ def serve(device: str, conn: Connection) -> None:
         payload = main(spec, conn, trace_path, t0_ns, prepared, handed_at, runs_before=runs)
         runs += 1
         prepared = Prepared(device)  # the device started before this process's next spec
-        why = shared.retire_after(spec, payload) or shared.empty(baseline)
+        try:
+            why = shared.retire_after(spec, payload) or shared.empty(baseline)
+        except Exception as exc:  # emptying itself failed: it cannot serve again
+            why = f"emptying the process failed: {exc}"
         try:
             conn.send_bytes(json.dumps({"ready": why is None, "why": why}).encode())
         except OSError:  # the runner retired it meanwhile

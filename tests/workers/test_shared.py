@@ -88,6 +88,19 @@ def test_shared_experiments_run_in_one_process_with_a_clean_processs_figures(
     assert not any("shared process" in note for note in clean["notes"])
 
 
+def test_an_experiment_keeps_nothing_of_the_one_before_it(
+    fresh: Runner, make_spec: SpecFactory
+) -> None:
+    # A training step records its sections' figures (forward, backward, optimizer_step);
+    # the add after it in the same process must not report them as its own.
+    params = {"module": "mlp", "width": 64, "out_features": 8}
+    step = fresh.run(make_spec("module_train_step", [8, 32], params, isolation="shared"))
+    assert set(succeeded(step)["details"]["sections"]) >= {"forward", "backward"}
+    add = fresh.run(make_spec("add", [1000, 1000], isolation="shared"))
+    assert add.pid == step.pid
+    assert "sections" not in (succeeded(add).get("details") or {})
+
+
 def test_a_plain_refusal_keeps_the_process_and_a_cap_is_lifted_after_its_run(
     fresh: Runner, make_spec: SpecFactory
 ) -> None:
