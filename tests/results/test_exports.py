@@ -1,13 +1,17 @@
 """Trace exports: PyTorch's snapshot pickle (checked with torch's own viewer code), Chrome
 trace-event JSON, and the peak report; over HTTP against SQLite and PostgreSQL."""
 
+import gzip
+import io
 import json
 import pickle
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from app.snapshots import safe_pickle
 from tests.helpers import ADD, MATMUL
 from tests.results.trace_data import (
     OP_FRAMES,
@@ -20,7 +24,12 @@ from tests.results.trace_data import (
     events,
     many_events,
     upload,
+    varied_chunks,
 )
+
+# What the memory_viz export gave for ``varied_chunks()`` before it wrote entries as
+# fixed records (commit 8fcdccf, one pickle.dumps per thousand entries).
+BEFORE = Path(__file__).with_name("memory_viz_before.pickle.gz")
 
 
 def _viz(client: httpx.Client, exp_id: str) -> dict[str, Any]:
@@ -71,6 +80,21 @@ def test_memory_viz_is_a_snapshot_torch_reads(client: httpx.Client) -> None:
     assert "total_allocated: 9.0KiB" in memory_viz.segsum(snap)
     printed = memory_viz.trace(snap)
     assert "cudaMalloc" in printed and "free completed" in printed
+
+
+def test_memory_viz_means_what_it_meant_before(client: httpx.Client) -> None:
+    exp_id = upload(client, MATMUL, varied_chunks())
+    response = client.get(f"/v1/experiments/{exp_id}/trace", params={"format": "memory_viz"})
+    assert response.status_code == 200
+    # Plain data only: no class or function is resolved while loading either side.
+    got = safe_pickle.load(io.BytesIO(response.content))
+    want = safe_pickle.load(io.BytesIO(gzip.decompress(BEFORE.read_bytes())))
+    assert got["segments"] == want["segments"]
+    assert len(got["device_traces"][0]) == len(want["device_traces"][0]) == 2660
+    for i, (g, w) in enumerate(zip(got["device_traces"][0], want["device_traces"][0], strict=True)):
+        assert g == w and list(g) == list(w), i
+        assert all(type(g[k]) is type(w[k]) for k in w), i
+    assert got == want
 
 
 def test_memory_viz_of_a_cpu_trace_streams_in_batches(client: httpx.Client) -> None:

@@ -2,6 +2,7 @@
 
 import gzip
 import json
+import random
 from typing import Any
 
 import httpx
@@ -103,3 +104,68 @@ def complete(
     assert response.status_code == 200, response.text
     exp_id: str = got["id"]
     return exp_id
+
+
+def varied_chunks() -> list[list[dict[str, Any]]]:
+    """A CUDA trace of five chunks that meets every case of the memory_viz export: allocs,
+    frees with and without their free_requested (one across a chunk boundary), segment
+    allocs, maps, unmaps and frees, an OOM, marks, an action of no known kind, values of
+    unusual JSON types (a float size, a null time, a string stream), frames on some
+    events (a free without frames takes its allocation's), and blocks alive at the end
+    both inside recorded segments and outside any."""
+    rng = random.Random(7)
+    seg0, seg1, seg2 = 2**40, 2**40 + 2**24, 2**40 + 2**25
+    frames = [[{"filename": "model.py", "line": 10 + i, "name": f"layer{i}"}] for i in range(4)]
+    chunks: list[list[dict[str, Any]]] = [[] for _ in range(5)]
+    live: list[int] = []
+    t = 0.0
+
+    def add(chunk: int, action: str | None, addr: int | None, size: Any, **extra: Any) -> None:
+        nonlocal t
+        t += rng.random() * 3
+        chunks[chunk].append(
+            {"t_us": round(t, 3), "action": action, "addr": addr, "size": size, **extra}
+        )
+
+    add(0, "mark", None, 0, name="setup")
+    add(0, "segment_alloc", seg0, 2**24)
+    add(0, "segment_map", seg1, 2**22)
+    for i in range(1400):  # more than one pickle batch of entries
+        if live and rng.random() < 0.45:
+            addr = live.pop(rng.randrange(len(live)))
+            if rng.random() < 0.5:
+                add(0, "free_requested", addr, 512)
+            add(0, "free_completed" if i % 3 else "free", addr, 512)
+        else:
+            addr = seg0 + 512 * i
+            live.append(addr)
+            add(0, "alloc", addr, 512, stream=0)
+    add(0, "oom", None, 2**34)
+    add(0, "mystery", 5, 7)
+    add(0, "segment_unmap", seg1 + 2**21, 2**21)
+    add(0, "free_requested", live[0], 512)  # its free is in the next chunk
+    add(0, "mark", None, 0, name="op")
+    add(1, "free", live.pop(0), 512)
+    add(1, "alloc", seg2 + 64, 4096.0, stream="0")  # a float size, a string stream
+    add(1, "alloc", 2**44, 100, t_us=None)  # outside every segment; no time
+    add(1, None, None, 0)
+    add(2, "segment_alloc", seg2, 2**21, stream=7)
+    for i in range(300):
+        add(2, "alloc", seg1 + 1024 * i, 1024, stream=7)
+        if i % 2:
+            add(2, "free", seg1 + 1024 * (i - 1), 1024, stream=7)
+    add(3, "alloc", seg2 + 8192, 2048, frames=frames[0])
+    add(3, "alloc", seg2 + 16384, 2048, frames=frames[1])
+    add(3, "free_requested", seg2 + 8192, 2048, frames=frames[2])
+    add(3, "free_completed", seg2 + 8192, 2048, frames=frames[2])
+    add(3, "segment_free", seg1, 2**21)
+    add(4, "free", seg2 + 16384, 2048)  # takes its allocation's frames
+    add(4, "alloc", seg2 + 32768, 512)
+    add(4, "mark", None, 0, name="after")
+    seq = 0
+    for chunk in chunks:
+        for event in chunk:
+            event.setdefault("stream", 0)
+            event.update(seq=seq, device="cuda:0", phase="op")
+            seq += 1
+    return chunks
