@@ -179,6 +179,21 @@ def iter_ndjson(session: Session, experiment_id: str, piece: int = 2**20) -> Ite
             yield rest
 
 
+def iter_line_blocks(session: Session, experiment_id: str, piece: int = 2**20) -> Iterator[bytes]:
+    """The stored NDJSON in blocks of whole lines (about ``piece`` bytes each, one line
+    more where a line is longer): what ``iter_ndjson`` yields, cut after a newline."""
+    rest = b""
+    for text in iter_ndjson(session, experiment_id, piece):
+        cut = text.rfind(b"\n") + 1
+        if not cut:
+            rest += text
+            continue
+        yield rest + text[:cut]
+        rest = text[cut:]
+    if rest:  # every stored chunk ends with a newline: nothing is left but by a bug
+        raise RuntimeError("stored trace text does not end with a newline")
+
+
 def chunk_lines(session: Session, experiment_id: str) -> Iterator[list[bytes]]:
     """Each stored chunk's lines (one event each, as stored), one chunk at a time."""
     for seq in _chunk_seqs(session, experiment_id):

@@ -5,6 +5,7 @@ import gzip
 import io
 import json
 import pickle
+import pickletools
 from pathlib import Path
 from typing import Any
 
@@ -90,11 +91,28 @@ def test_memory_viz_means_what_it_meant_before(client: httpx.Client) -> None:
     got = safe_pickle.load(io.BytesIO(response.content))
     want = safe_pickle.load(io.BytesIO(gzip.decompress(BEFORE.read_bytes())))
     assert got["segments"] == want["segments"]
-    assert len(got["device_traces"][0]) == len(want["device_traces"][0]) == 2660
+    assert len(got["device_traces"][0]) == len(want["device_traces"][0]) == 2664
     for i, (g, w) in enumerate(zip(got["device_traces"][0], want["device_traces"][0], strict=True)):
         assert g == w and list(g) == list(w), i
         assert all(type(g[k]) is type(w[k]) for k in w), i
     assert got == want
+
+
+# The opcodes that the unpickler of PyTorch's web viewer (MemoryViz.js) reads.
+VIEWER_OPCODES = {
+    *("PROTO", "FRAME", "STOP", "MARK", "MEMOIZE", "BINPUT", "LONG_BINPUT", "BINGET"),
+    *("LONG_BINGET", "EMPTY_DICT", "DICT", "SETITEM", "SETITEMS", "EMPTY_LIST", "LIST"),
+    *("APPEND", "APPENDS", "EMPTY_TUPLE", "TUPLE", "TUPLE1", "TUPLE2", "TUPLE3", "NONE"),
+    *("NEWTRUE", "NEWFALSE", "BININT", "BININT1", "BININT2", "LONG1", "BINFLOAT"),
+    *("BINUNICODE", "SHORT_BINUNICODE"),
+}
+
+
+def test_memory_viz_uses_only_opcodes_the_web_viewer_reads(client: httpx.Client) -> None:
+    exp_id = upload(client, MATMUL, varied_chunks())
+    response = client.get(f"/v1/experiments/{exp_id}/trace", params={"format": "memory_viz"})
+    used = {op.name for op, _, _ in pickletools.genops(response.content)}
+    assert used <= VIEWER_OPCODES, used - VIEWER_OPCODES
 
 
 def test_memory_viz_of_a_cpu_trace_streams_in_batches(client: httpx.Client) -> None:

@@ -141,7 +141,6 @@ def varied_chunks() -> list[list[dict[str, Any]]]:
             live.append(addr)
             add(0, "alloc", addr, 512, stream=0)
     add(0, "oom", None, 2**34)
-    add(0, "mystery", 5, 7)
     add(0, "segment_unmap", seg1 + 2**21, 2**21)
     add(0, "free_requested", live[0], 512)  # its free is in the next chunk
     add(0, "mark", None, 0, name="op")
@@ -149,7 +148,11 @@ def varied_chunks() -> list[list[dict[str, Any]]]:
     add(1, "alloc", seg2 + 64, 4096.0, stream="0")  # a float size, a string stream
     add(1, "alloc", 2**44, 100, t_us=None)  # outside every segment; no time
     add(1, None, None, 0)
+    add(1, "mystery", 5, 7)
+    add(1, "free_requested", live[0], 512)  # its free is in the next chunk
     add(2, "segment_alloc", seg2, 2**21, stream=7)
+    add(2, "free", live.pop(0), 512)
+    add(2, "free", live.pop(0), 512)
     for i in range(300):
         add(2, "alloc", seg1 + 1024 * i, 1024, stream=7)
         if i % 2:

@@ -26,7 +26,7 @@ from app.models import Experiment
 from app.schemas.results import PeakOut
 from app.schemas.snapshot import SnapshotOut, SnapshotPage
 from app.schemas.spec import Tag
-from app.services import experiments, exports, snapshots, traces
+from app.services import experiments, memory_viz, snapshots, traces
 from app.services.auth import Principal
 
 router = APIRouter(prefix="/v1/snapshots", tags=["snapshots"], responses=ERROR_RESPONSES)
@@ -197,7 +197,7 @@ def _memory_viz(db: Database, snapshot_id: str, device: str) -> Iterator[bytes]:
     with db.session(write=False) as s:
         exp = snapshots.get(s, snapshot_id)
         segments = snapshots.segments(s, exp)
-        yield from exports.memory_viz(traces.iter_events(s, snapshot_id), device, segments)
+        yield from memory_viz.export(traces.iter_line_blocks(s, snapshot_id), device, segments)
 
 
 @router.get(

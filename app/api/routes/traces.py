@@ -12,7 +12,7 @@ from pydantic import BaseModel
 from app.api.deps import DatabaseDep, ExperimentDep, SessionDep, require
 from app.core.db import Database
 from app.errors import ERROR_RESPONSES
-from app.services import exports, traces
+from app.services import exports, memory_viz, traces
 
 # Its own JSON media type: the page schema of format=json does not describe it.
 CHROME_MEDIA = "application/vnd.chrome-trace+json"
@@ -99,10 +99,10 @@ EXPORTS = {
 
 def _export(db: Database, experiment_id: str, device: str, format: str) -> Iterator[bytes]:
     with db.session(write=False) as s:
-        batches = traces.iter_event_batches(s, experiment_id)
         if format == "memory_viz":
-            yield from exports.memory_viz_batches(batches, device)
+            yield from memory_viz.export(traces.iter_line_blocks(s, experiment_id), device)
         else:
+            batches = traces.iter_event_batches(s, experiment_id)
             yield from exports.chrome_batches(batches, experiment_id, device)
 
 

@@ -1,0 +1,102 @@
+"""The framing of the memory_viz pickle, written piece by piece, and the memo it shares.
+
+The export is one pickle (protocol 2) streamed in pieces: the outer dict and lists are
+opcodes written here, and the trace's entries are spliced in, either pickled by the C
+pickler a thousand at a time (``appends``) or written as fixed-layout records
+(``viz_records``). Both refer to the entries' keys and actions through one memo set up
+once at the start (``PRELUDE``), so a key is written once a stream, not once an entry, and
+the unpickled entries share their key strings.
+
+Only opcodes that PyTorch's own viewer (``MemoryViz.js``, which has its own unpickler)
+reads are used: it has no POP, so the prelude leaves no value behind by setting the outer
+dict's first key to each memo string in turn; the trace list replaces that value at the
+end.
+"""
+
+import io
+import pickle
+import struct
+import sys
+from typing import Any
+
+from app.contract import MEMORY_VIZ_ACTIONS
+
+PROTO2 = b"\x80\x02"
+EMPTY_DICT = b"}"
+EMPTY_LIST = b"]"
+MARK = b"("
+APPENDS = b"e"
+APPEND = b"a"
+SETITEM = b"s"
+SETITEMS = b"u"
+STOP = b"."
+BINGET = b"h"
+BINPUT = b"q"
+BINUNICODE = b"X"
+LONG1 = b"\x8a"
+
+# An entry's keys, in the order the export writes them.
+KEYS = tuple(sys.intern(k) for k in ("action", "addr", "size", "stream", "time_us", "frames"))
+ACTIONS = tuple(sys.intern(a) for a in MEMORY_VIZ_ACTIONS)
+# Memo slot of each string: the outer dict's first key, then the keys, then the actions.
+TRACES_KEY = sys.intern("device_traces")
+MEMO = (TRACES_KEY, *KEYS, *ACTIONS)
+SLOT = {s: i for i, s in enumerate(MEMO)}
+assert len(MEMO) < 256  # BINGET's one-byte index
+
+
+def _string(s: str) -> bytes:
+    data = s.encode()
+    return BINUNICODE + struct.pack("<I", len(data)) + data
+
+
+def _binput(slot: int) -> bytes:
+    return BINPUT + bytes([slot])
+
+
+def _binget(slot: int) -> bytes:
+    return BINGET + bytes([slot])
+
+
+# The outer dict with every memo string set up: ``{"device_traces": <last string>}``
+# until the trace list is set under the same key at the end.
+PRELUDE = (
+    PROTO2
+    + EMPTY_DICT
+    + MARK
+    + b"".join((_binget(0) if i > 1 else b"") + _string(s) + _binput(i) for i, s in enumerate(MEMO))
+    + SETITEMS
+)
+_MEMO_TABLE = {id(s): (i, s) for i, s in enumerate(MEMO)}
+
+
+def open_traces(slot: int) -> bytes:
+    """Up to the first entry: the prelude, then ``"device_traces": [[], ..., [`` with
+    ``slot`` empty lists before the trace's."""
+    return PRELUDE + _binget(0) + EMPTY_LIST + (EMPTY_LIST + APPEND) * slot + EMPTY_LIST
+
+
+# After the last entry: the trace list closed and set, and the segments list opened.
+CLOSE_TRACES = APPEND + SETITEM + _string("segments") + EMPTY_LIST
+# After the last segment: ``"allocator_settings": {}`` and the end. Keys after the trace
+# are written whole, so the memo that appends() relies on is never overwritten.
+END = SETITEM + _string("allocator_settings") + EMPTY_DICT + SETITEM + STOP
+
+
+def appends(entries: list[dict[str, Any]]) -> bytes:
+    """``entries`` (trace entries or segments) pickled in one call, as opcodes that
+    append them to the list on the unpickler's stack (MARK ... APPENDS, or the item and
+    APPEND for one entry).
+
+    The pickler starts with the stream's memo: keys and actions (the interned strings
+    above) are referred to, and what it memoizes itself goes in slots after them.
+    """
+    out = io.BytesIO()
+    pickler = pickle.Pickler(out, protocol=2)
+    pickler.memo = _MEMO_TABLE
+    pickler.dump(entries)
+    data = out.getvalue()
+    head = PROTO2 + EMPTY_LIST + _binput(len(MEMO))
+    if not data.startswith(head) or not data.endswith(STOP):
+        raise RuntimeError("unexpected pickle framing for a list")  # a bug: never the client's
+    return data[len(head) : -1]
