@@ -1,13 +1,18 @@
 """Trace exports through the real API: a synthetic 1M-event trace uploaded over the
 worker protocol (PUT trace chunks, as a worker does), then read back in every format.
 
-    python bench/trace_export.py [--events 1000000] [--chunk 50000]
+    python bench/trace_export.py [--events 1000000] [--chunk 50000] [--baseline DIR]
 
 Starts `vramlab serve` on a temporary SQLite file, registers as a worker, claims one
 experiment and uploads the trace in gzip NDJSON chunks, then streams `ndjson`,
 `memory_viz` and `chrome` exports. Prints, per format, the bytes, the time, MB/s of the
 export, MB/s of the trace (its NDJSON size over the time) and the API process's resident
 memory at its highest during the export against before it.
+
+`--baseline DIR` (another checkout of vramlab, e.g. the main branch) starts a second
+`vramlab serve` from DIR on the same database file and streams each format from both in
+turn, `--repeat` times, so the two are measured side by side under the same load; it
+prints the baseline's time over ours for each format (the median of the repeats).
 """
 
 import argparse
@@ -16,12 +21,14 @@ import itertools
 import json
 import os
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -116,42 +123,66 @@ def main() -> None:
     )
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--chunk", type=int, default=50_000)
+    parser.add_argument("--baseline", type=Path, default=None, help="a vramlab checkout")
+    parser.add_argument("--repeat", type=int, default=1, help="exports of each format")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="vramlab-bench-"))
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    env = {
-        **os.environ,
-        "VRAMLAB_DATABASE_URL": f"sqlite:///{tmp / 'bench.db'}",
-        "VRAMLAB_LEASE_SECONDS": "3600",
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-    }
-    log = (tmp / "api.log").open("wb")
-    api = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--log-level", "warning"],
-        env=env,
-        stdout=log,
-        stderr=log,
-    )
-    try:
-        with httpx.Client(base_url=url, timeout=600) as client:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    if client.get("/readyz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline or api.poll() is not None:
-                    raise RuntimeError(f"the API did not start; see {tmp / 'api.log'}")
-                time.sleep(0.2)
-            run(client, api.pid, args.events, args.chunk)
-    finally:
-        api.terminate()
-        api.wait(timeout=60)
+    database = f"sqlite:///{tmp / 'bench.db'}"
+    with ExitStack() as stack:
+        ours = stack.enter_context(_serve(ROOT, database, tmp / "api.log"))
+        servers = {"ours": ours}
+        upload = _upload(ours[0], args.events, args.chunk)
+        if args.baseline is not None:
+            base = _serve(args.baseline.resolve(), database, tmp / "baseline.log")
+            servers["baseline"] = stack.enter_context(base)
+        measure(servers, *upload, args.repeat)
 
 
-def run(client: httpx.Client, api_pid: int, n_events: int, chunk: int) -> None:
+class _serve:
+    """``vramlab serve`` from the checkout ``root`` on ``database``: (client, pid)."""
+
+    def __init__(self, root: Path, database: str, log: Path) -> None:
+        self.root, self.database, self.log = root, database, log
+
+    def __enter__(self) -> tuple[httpx.Client, int]:
+        port = _free_port()
+        env = {
+            **os.environ,
+            "VRAMLAB_DATABASE_URL": self.database,
+            "VRAMLAB_LEASE_SECONDS": "3600",
+            "PYTHONPATH": os.pathsep.join(
+                p for p in (str(self.root), os.environ.get("PYTHONPATH")) if p
+            ),
+            "PYTHONDONTWRITEBYTECODE": "1",  # leave another checkout as it is
+        }
+        cli = [sys.executable, "-m", "app.cli", "serve", "--port", str(port)]
+        self.api = subprocess.Popen(
+            [*cli, "--log-level", "warning"],
+            env=env,
+            cwd=self.root,
+            stdout=self.log.open("wb"),
+            stderr=subprocess.STDOUT,
+        )
+        self.client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=600)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if self.client.get("/readyz").status_code == 200:
+                    return self.client, self.api.pid
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline or self.api.poll() is not None:
+                raise RuntimeError(f"the API did not start; see {self.log}")
+            time.sleep(0.2)
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.close()
+        self.api.terminate()
+        self.api.wait(timeout=60)
+
+
+def _upload(client: httpx.Client, n_events: int, chunk: int) -> tuple[str, int]:
+    """Queue, claim and upload the synthetic trace as a worker does: (experiment, bytes)."""
     client.post("/v1/experiments", json=SPEC).raise_for_status()
     reply = client.post(
         "/v1/worker/register", json={"name": "bench", "hostname": "bench", "capabilities": CAPS}
@@ -195,22 +226,44 @@ def run(client: httpx.Client, api_pid: int, n_events: int, chunk: int) -> None:
         f"\ntrace: {n_events:,} events, {ndjson_bytes / 1e6:.1f} MB of NDJSON in {seq} chunks; "
         f"uploaded in {upload_s:.1f} s of API time ({ndjson_bytes / 1e6 / upload_s:.1f} MB/s)"
     )
-    print(f"{'format':<11} {'MB':>8} {'s':>7} {'MB/s':>7} {'trace MB/s':>11} {'API RSS MB':>16}")
+    return exp_id, ndjson_bytes
+
+
+def measure(
+    servers: dict[str, tuple[httpx.Client, int]], exp_id: str, ndjson_bytes: int, repeat: int
+) -> None:
+    print(
+        f"{'format':<11} {'server':<9} {'MB':>8} {'s':>7} {'MB/s':>7} {'trace MB/s':>11} "
+        f"{'API RSS MB':>16}"
+    )
     for fmt in ("ndjson", "memory_viz", "chrome"):
-        size = 0
-        with PeakRss(api_pid) as rss:
-            started = time.perf_counter()
-            with client.stream(
-                "GET", f"/v1/experiments/{exp_id}/trace", params={"format": fmt}
-            ) as response:
-                response.raise_for_status()
-                for piece in response.iter_raw():
-                    size += len(piece)
-            elapsed = time.perf_counter() - started
-        print(
-            f"{fmt:<11} {size / 1e6:8.1f} {elapsed:7.2f} {size / 1e6 / elapsed:7.1f} "
-            f"{ndjson_bytes / 1e6 / elapsed:11.1f} {rss.before / 1e6:7.0f} -> {rss.peak / 1e6:5.0f}"
-        )
+        times: dict[str, list[float]] = {name: [] for name in servers}
+        for _ in range(repeat):
+            for name, (client, pid) in servers.items():
+                size, elapsed, rss = _export(client, pid, exp_id, fmt)
+                times[name].append(elapsed)
+                print(
+                    f"{fmt:<11} {name:<9} {size / 1e6:8.1f} {elapsed:7.2f} "
+                    f"{size / 1e6 / elapsed:7.1f} {ndjson_bytes / 1e6 / elapsed:11.1f} "
+                    f"{rss.before / 1e6:7.0f} -> {rss.peak / 1e6:5.0f}"
+                )
+        if "baseline" in times:
+            ratio = statistics.median(times["baseline"]) / statistics.median(times["ours"])
+            print(f"{fmt:<11} baseline time / ours: {ratio:.2f}x")
+
+
+def _export(client: httpx.Client, pid: int, exp_id: str, fmt: str) -> tuple[int, float, PeakRss]:
+    size = 0
+    with PeakRss(pid) as rss:
+        started = time.perf_counter()
+        with client.stream(
+            "GET", f"/v1/experiments/{exp_id}/trace", params={"format": fmt}
+        ) as response:
+            response.raise_for_status()
+            for piece in response.iter_raw():
+                size += len(piece)
+        elapsed = time.perf_counter() - started
+    return size, elapsed, rss
 
 
 if __name__ == "__main__":
