@@ -15,7 +15,7 @@ import functools
 from collections import deque
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import numpy as np
@@ -39,15 +39,16 @@ _TIME_EXACT = 2**53  # larger times would not survive the float column exactly
 
 
 class _Event(msgspec.Struct, gc=False):
-    """The fields of a stored event that the format reads; the others are skipped."""
+    """The fields of a stored event that the format reads; the others are skipped. A
+    block with frames, or with events from before an imported trace, does not decode."""
 
     action: str | None = None
     addr: int | None = None
     size: int | None = None
     stream: int | None = None
     t_us: int | float | None = None
-    frames: Any = None
-    pre_trace: Any = None
+    frames: Annotated[list[Any], msgspec.Meta(max_length=0)] | None = None
+    pre_trace: None = None
 
 
 _DECODE = msgspec.json.Decoder(_Event)
@@ -137,8 +138,6 @@ def decode(block: bytes) -> Columns | None:
     try:
         events = _DECODE.decode_lines(block)
     except (msgspec.ValidationError, msgspec.DecodeError):
-        return None
-    if any([e.frames or e.pre_trace for e in events]):
         return None
     code = np.array(list(map(_CODE.get, [e.action for e in events], repeat(-1))), np.int8)
     addrs = [e.addr for e in events]
