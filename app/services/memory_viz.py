@@ -7,22 +7,20 @@ entries share; each block's entries are written as fixed-layout records by
 ``viz_records`` when it can take the block, else event by event here (frames, imported
 snapshots' events, unusual values), pickled a thousand at a time. The final ``segments``
 (what the allocator held at the end, which the viewer rewinds from) come from replaying
-the trace as it streams. Memory stays bounded by one block and what is alive at once.
+the trace as it streams, written by ``viz_segments``. Memory stays bounded by one block
+and what is alive at once.
 """
 
-import bisect
-import itertools
 import json
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.services import viz_records
+from app.services import viz_records, viz_rows, viz_segments
 from app.services.replay import FREES, SEGMENT_GROWS, SEGMENT_SHRINKS
 from app.services.viz_pickle import ACTIONS, CLOSE_TRACES, END, appends, open_traces
 
 Event = dict[str, Any]
-_LARGE_SEGMENT = 2**20  # the CUDA caching allocator's small/large pool boundary
 # Our actions as the memo's own strings: the pickler refers to them, never writes them.
 _VIZ_ACTIONS = {a: a for a in ACTIONS}
 
@@ -65,10 +63,11 @@ def export(
             events: list[Event] = json.loads(b"[" + block[:-1].replace(b"\n", b",") + b"]")
             yield from _entries(events, state)
     yield CLOSE_TRACES
-    segments = final_segments(state, slot) if given_segments is None else iter(given_segments)
-    # A thousand segments at a time: the end state is never built whole as objects.
-    while batch := list(itertools.islice(segments, viz_records.BATCH)):
-        yield appends(batch)
+    if given_segments is None:
+        yield from viz_segments.write(state.live, state.segments, slot)
+    else:
+        for start in range(0, len(given_segments), viz_rows.BATCH):
+            yield appends(given_segments[start : start + viz_rows.BATCH])
     yield END
 
 
@@ -131,71 +130,3 @@ def _entries(events: list[Event], state: State) -> Iterator[bytes]:
             add = entries.append
     if entries:
         yield appends(entries)
-
-
-def _block(addr: int, size: int, frames: Any = None) -> dict[str, Any]:
-    """An active block, or a gap (``frames`` None) between blocks of a segment."""
-    if frames is None:
-        return {
-            "address": addr,
-            "size": size,
-            "requested_size": 0,
-            "state": "inactive",
-            "frames": [],
-        }
-    return {
-        "address": addr,
-        "size": size,
-        "requested_size": size,
-        "state": "active_allocated",
-        "frames": list(frames),
-    }
-
-
-def final_segments(state: State, device: int) -> Iterator[dict[str, Any]]:
-    """The allocator's state at the end of the trace, as snapshot segments.
-
-    Blocks still alive fill the segments that contain them, with inactive gaps between;
-    a block outside any recorded segment (CPU traces have none) gets a segment of its own.
-    """
-    live = sorted(state.live.items(), key=lambda item: item[0] or 0)
-    addrs = [addr or 0 for addr, _ in live]
-    placed = [False] * len(live)
-    for addr, (size, stream) in sorted(state.segments.items()):
-        # The blocks in [addr, addr + size): a slice of the sorted blocks, found by bisection
-        # (a scan of every block for every segment was quadratic on long traces).
-        first, end = bisect.bisect_left(addrs, addr), bisect.bisect_left(addrs, addr + size)
-        parts: list[dict[str, Any]] = []
-        cursor = addr
-        for b_addr, (b_size, _, frames) in live[first:end]:
-            if b_addr > cursor:
-                parts.append(_block(cursor, b_addr - cursor))
-            parts.append(_block(b_addr, b_size, frames or ()))
-            cursor = b_addr + b_size
-        if cursor < addr + size:
-            parts.append(_block(cursor, addr + size - cursor))
-        active = sum(b_size for _, (b_size, _, _) in live[first:end])
-        placed[first:end] = [True] * (end - first)
-        yield _segment(device, addr, size, stream, active, parts)
-    for (addr, (size, stream, frames)), inside in zip(live, placed, strict=True):
-        if not inside and addr is not None:
-            yield _segment(device, addr, size, stream, size, [_block(addr, size, frames or ())])
-
-
-def _segment(
-    device: int, addr: int, size: int, stream: Any, active: int, blocks: list[dict[str, Any]]
-) -> dict[str, Any]:
-    return {
-        "device": device,
-        "address": addr,
-        "total_size": size,
-        "allocated_size": active,
-        "active_size": active,
-        "requested_size": active,
-        "stream": int(stream or 0),
-        "segment_type": "large" if size >= _LARGE_SEGMENT else "small",
-        "segment_pool_id": (0, 0),
-        "is_expandable": False,
-        "frames": [],
-        "blocks": blocks,
-    }

@@ -34,13 +34,24 @@ BINGET = b"h"
 BINPUT = b"q"
 BINUNICODE = b"X"
 LONG1 = b"\x8a"
+TUPLE2 = b"\x86"
+NEWFALSE = b"\x89"
 
 # An entry's keys, in the order the export writes them.
 KEYS = tuple(sys.intern(k) for k in ("action", "addr", "size", "stream", "time_us", "frames"))
 ACTIONS = tuple(sys.intern(a) for a in MEMORY_VIZ_ACTIONS)
-# Memo slot of each string: the outer dict's first key, then the keys, then the actions.
+# A segment's and its blocks' keys and words, besides those above.
+SEGMENT_WORDS = tuple(
+    sys.intern(w)
+    for w in (
+        *("device", "address", "total_size", "allocated_size", "active_size"),
+        *("requested_size", "segment_type", "segment_pool_id", "is_expandable", "blocks"),
+        *("state", "large", "small", "active_allocated", "inactive"),
+    )
+)
+# Memo slot of each string: the outer dict's first key, then the rest.
 TRACES_KEY = sys.intern("device_traces")
-MEMO = (TRACES_KEY, *KEYS, *ACTIONS)
+MEMO = (TRACES_KEY, *KEYS, *ACTIONS, *SEGMENT_WORDS)
 SLOT = {s: i for i, s in enumerate(MEMO)}
 assert len(MEMO) < 256  # BINGET's one-byte index
 
@@ -81,6 +92,18 @@ CLOSE_TRACES = APPEND + SETITEM + _string("segments") + EMPTY_LIST
 # After the last segment: ``"allocator_settings": {}`` and the end. Keys after the trace
 # are written whole, so the memo that appends() relies on is never overwritten.
 END = SETITEM + _string("allocator_settings") + EMPTY_DICT + SETITEM + STOP
+
+
+def int_opcode(value: int) -> bytes:
+    """``value`` as pickle writes an int: the narrowest opcode that holds it."""
+    if 0 <= value < 256:
+        return b"K" + bytes((value,))
+    if 0 <= value < 65536:
+        return b"M" + value.to_bytes(2, "little")
+    if -(2**31) <= value < 2**31:
+        return b"J" + value.to_bytes(4, "little", signed=True)
+    width = value.bit_length() // 8 + 1
+    return LONG1 + bytes((width,)) + value.to_bytes(width, "little", signed=True)
 
 
 def appends(entries: list[dict[str, Any]]) -> bytes:

@@ -11,7 +11,6 @@ is updated from the last event of each address in the block.
 takes the general path (``memory_viz``), which gives the same entries event by event.
 """
 
-import functools
 from collections import deque
 from dataclasses import dataclass
 from itertools import repeat
@@ -20,21 +19,11 @@ from typing import Annotated, Any
 import msgspec
 import numpy as np
 
+from app.services import viz_rows
 from app.services.replay import FREES, SEGMENT_GROWS, SEGMENT_SHRINKS
-from app.services.viz_pickle import (
-    ACTIONS,
-    APPENDS,
-    BINGET,
-    EMPTY_DICT,
-    EMPTY_LIST,
-    KEYS,
-    LONG1,
-    MARK,
-    SETITEMS,
-    SLOT,
-)
+from app.services.viz_pickle import ACTIONS, BINGET, EMPTY_DICT, EMPTY_LIST, MARK, SETITEMS, SLOT
 
-BATCH = 1000  # entries per MARK ... APPENDS: a bounded stack in the unpickler
+BATCH = viz_rows.BATCH  # entries per MARK ... APPENDS: a bounded stack in the unpickler
 _TIME_EXACT = 2**53  # larger times would not survive the float column exactly
 
 
@@ -72,50 +61,26 @@ def _table(names: tuple[str | None, ...]) -> np.ndarray:
 _ALLOC, _FREE, _REQUESTED = _table(("alloc",)), _table(FREES), _table(("free_requested",))
 _GROW, _SHRINK = _table(SEGMENT_GROWS), _table(SEGMENT_SHRINKS)
 
-# How pickle writes an int, narrowest first: opcode, bytes, the range it holds.
-_INTS = (
-    (b"K", 1, 0, 2**8),
-    (b"M", 2, 0, 2**16),
-    (b"J", 4, -(2**31), 2**31),
-    *((LONG1 + bytes([n]), n, -(2 ** (8 * n - 1)), 2 ** (8 * n - 1)) for n in (5, 6, 7, 8)),
+
+def _ref(word: str) -> bytes:
+    return BINGET + bytes([SLOT[word]])
+
+
+# An entry: ``{"action": <memo>, "addr": <int>, "size": <int>, "stream": <int>,
+# "time_us": <int>, "frames": []}``.
+_ENTRY: viz_rows.Spec = (
+    EMPTY_DICT + MARK + _ref("action") + BINGET,
+    ("byte", "action"),
+    _ref("addr"),
+    ("int", "addr"),
+    _ref("size"),
+    ("int", "size"),
+    _ref("stream"),
+    ("int", "stream"),
+    _ref("time_us"),
+    ("int", "time"),
+    _ref("frames") + EMPTY_LIST + SETITEMS,
 )
-
-
-def _int_opcode(column: np.ndarray) -> tuple[bytes, int]:
-    """The narrowest of pickle's int opcodes that holds every value of ``column``."""
-    low, high = int(column.min()), int(column.max())
-    for opcode, width, lowest, past in _INTS:
-        if lowest <= low and high < past:
-            return opcode, width
-    raise AssertionError("an int64 column fits LONG1 of 8 bytes")
-
-
-@functools.lru_cache(maxsize=64)
-def _layout(
-    ints: tuple[tuple[bytes, int], ...],
-) -> tuple[np.ndarray, int, tuple[tuple[int, int], ...]]:
-    """One entry's opcodes, ``{"action": <memo>, "addr": <int>, "size": <int>, "stream":
-    <int>, "time_us": <int>, "frames": []}`` with the int opcodes given: the template,
-    where the action's memo slot goes, where each number goes and its width."""
-    out = bytearray(EMPTY_DICT + MARK)
-    numbers = iter(ints)
-    at: list[tuple[int, int]] = []
-    action_at = 0
-    for key in KEYS:
-        out += BINGET + bytes([SLOT[key]])
-        if key == "action":
-            out += BINGET
-            action_at = len(out)
-            out += b"\0"
-        elif key == "frames":
-            out += EMPTY_LIST
-        else:
-            opcode, width = next(numbers)
-            out += opcode
-            at.append((len(out), width))
-            out += bytes(width)
-    out += SETITEMS
-    return np.frombuffer(bytes(out), np.uint8), action_at, tuple(at)
 
 
 @dataclass
@@ -239,13 +204,11 @@ def entries(c: Columns, unrequested: np.ndarray) -> bytes:
     slots = _OUT_SLOT[c.code[source]]
     if unrequested.size:
         slots[(np.cumsum(copies) - copies)[copies == 2]] = SLOT["free_requested"]
-    numbers = [c.addr[source], c.size[source], c.stream[source], c.time[source]]
-    template, action_at, number_at = _layout(tuple(_int_opcode(n) for n in numbers))
-    rows = np.empty((len(source), len(template)), np.uint8)
-    rows[:] = template
-    rows[:, action_at] = slots
-    for column, (at, width) in zip(numbers, number_at, strict=True):
-        rows[:, at : at + width] = column.astype("<i8").view(np.uint8).reshape(-1, 8)[:, :width]
-    data = rows.tobytes()
-    step = BATCH * len(template)
-    return b"".join(MARK + data[i : i + step] + APPENDS for i in range(0, len(data), step))
+    columns = {
+        "action": slots,
+        "addr": c.addr[source],
+        "size": c.size[source],
+        "stream": c.stream[source],
+        "time": c.time[source],
+    }
+    return viz_rows.appended(_ENTRY, columns, len(source))

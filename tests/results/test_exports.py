@@ -91,7 +91,7 @@ def test_memory_viz_means_what_it_meant_before(client: httpx.Client) -> None:
     got = safe_pickle.load(io.BytesIO(response.content))
     want = safe_pickle.load(io.BytesIO(gzip.decompress(BEFORE.read_bytes())))
     assert got["segments"] == want["segments"]
-    assert len(got["device_traces"][0]) == len(want["device_traces"][0]) == 2664
+    assert len(got["device_traces"][0]) == len(want["device_traces"][0]) == 2665
     for i, (g, w) in enumerate(zip(got["device_traces"][0], want["device_traces"][0], strict=True)):
         assert g == w and list(g) == list(w), i
         assert all(type(g[k]) is type(w[k]) for k in w), i

@@ -162,6 +162,7 @@ def varied_chunks() -> list[list[dict[str, Any]]]:
     add(3, "free_requested", seg2 + 8192, 2048, frames=frames[2])
     add(3, "free_completed", seg2 + 8192, 2048, frames=frames[2])
     add(3, "segment_free", seg1, 2**21)
+    add(3, "alloc", seg1 + 1024 * 150 + 512, 256, frames=frames[3])  # alive, in no segment
     add(4, "free", seg2 + 16384, 2048)  # takes its allocation's frames
     add(4, "alloc", seg2 + 32768, 512)
     add(4, "mark", None, 0, name="after")
