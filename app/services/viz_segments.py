@@ -31,6 +31,7 @@ from app.services.viz_pickle import (
 )
 
 _LARGE_SEGMENT = 2**20  # the CUDA caching allocator's small/large pool boundary
+_ROWS = 16 * viz_rows.BATCH  # lone segments written at once: bounded memory
 Live = dict[Any, tuple[int, Any, Any]]  # address -> (size, stream, frames)
 
 
@@ -106,13 +107,18 @@ def _lone(device: int, lone: list[tuple[Any, tuple[int, Any, Any]]]) -> Iterator
     for is_plain, run in itertools.groupby(plain):
         blocks = lone[start : start + len(list(run))]
         start += len(blocks)
-        columns = _lone_columns(device, blocks) if is_plain else None
-        if columns is not None:
-            yield viz_rows.appended(_LONE, columns, len(blocks))
-            continue
-        for first in range(0, len(blocks), viz_rows.BATCH):
-            batch = blocks[first : first + viz_rows.BATCH]
-            yield appends([_segment(device, a, v[0], v[1], [(a, v)]) for a, v in batch])
+        for first in range(0, len(blocks), _ROWS):
+            batch = blocks[first : first + _ROWS]
+            columns = _lone_columns(device, batch) if is_plain else None
+            if columns is not None:
+                yield viz_rows.appended(_LONE, columns, len(batch))
+                continue
+            for one in range(0, len(batch), viz_rows.BATCH):
+                dicts = [
+                    _segment(device, a, v[0], v[1], [(a, v)])
+                    for a, v in batch[one : one + viz_rows.BATCH]
+                ]
+                yield appends(dicts)
 
 
 def _lone_columns(
