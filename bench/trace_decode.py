@@ -55,7 +55,7 @@ def main() -> None:
         decoders["orjson (all fields, dicts)"] = lambda b: orjson.loads(as_array(b))
     except ImportError:
         print("orjson is not installed: skipped")
-    decoders["msgspec (7 fields, structs)"] = viz_records._DECODE.decode_lines
+    decoders["msgspec (7 fields, structs)"] = viz_records.DECODER.decode_lines
     best = dict.fromkeys(decoders, float("inf"))
     for _ in range(args.repeat):
         for name, decode in decoders.items():

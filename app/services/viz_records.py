@@ -40,7 +40,7 @@ class _Event(msgspec.Struct, gc=False):
     pre_trace: None = None
 
 
-_DECODE = msgspec.json.Decoder(_Event)
+DECODER = msgspec.json.Decoder(_Event)
 
 # Action codes: the snapshot's actions, then ours that become one of them or nothing.
 _NAMES: tuple[str | None, ...] = (*ACTIONS, "free", "mark", None)
@@ -101,7 +101,7 @@ def decode(block: bytes) -> Columns | None:
     imported trace, a value of another type than the fast path reads, an action of no
     known kind, a free of no address, a number past 64 bits."""
     try:
-        events = _DECODE.decode_lines(block)
+        events = DECODER.decode_lines(block)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
     code = np.array(list(map(_CODE.get, [e.action for e in events], repeat(-1))), np.int8)
