@@ -23,6 +23,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import httpx
+import psutil
 from service import run_to_end, running_service
 
 SPEC: dict[str, Any] = {
@@ -78,6 +79,7 @@ def burst(client: httpx.Client, spec: dict[str, Any], n: int) -> float:
     and at a page of ids, so that its polling takes little of the API's time."""
     tag = f"burst-{uuid.uuid4().hex[:8]}"
     body = {**spec, "tags": [tag]}
+    cpu_before = _cpu_seconds()
     with ThreadPoolExecutor(8) as pool:
         for response in pool.map(lambda _: client.post("/v1/experiments", json=body), range(n)):
             response.raise_for_status()
@@ -93,7 +95,31 @@ def burst(client: httpx.Client, spec: dict[str, Any], n: int) -> float:
                 raise RuntimeError(f"burst experiments ended {bad}")
             first = min(_at(e["created_at"]) for e in items)
             last = max(_at(e["finished_at"]) for e in items)
+            cpu_after = _cpu_seconds()
+            api_ms, worker_ms = ((cpu_after[k] - cpu_before[k]) * 1000 / n for k in (0, 1))
+            busy = (cpu_after[0] - cpu_before[0]) / (last - first)
+            print(
+                f"  burst: API CPU {api_ms:.1f} ms an experiment ({busy:.0%} of one core "
+                f"while it ran), worker side (loop, forkserver, children) {worker_ms:.1f} ms",
+                flush=True,
+            )
             return n / (last - first)
+
+
+def _cpu_seconds() -> tuple[float, float]:
+    """CPU seconds so far of the API process and of the worker's process tree."""
+    api = worker = 0.0
+    for proc in psutil.Process().children():
+        try:
+            tree = [proc, *proc.children(recursive=True)]
+            seconds = sum(sum(p.cpu_times()[:2]) for p in tree)
+            if "serve" in proc.cmdline():
+                api += seconds
+            else:
+                worker += seconds
+        except psutil.Error:
+            continue
+    return api, worker
 
 
 def main() -> None:
