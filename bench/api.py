@@ -1,6 +1,7 @@
 """The API's speed beside a bare FastAPI app, measured with wrk in one run.
 
     python bench/api.py [--engines sqlite,postgres] [--seconds 5] [--rows 100000]
+                        [--baseline PATH]
 
 For each database it starts the real ``vramlab serve`` and bench/bare_app.py (a POST that
 validates a small pydantic body and inserts one row with SQLAlchemy), then measures:
@@ -8,6 +9,10 @@ validates a small pydantic body and inserts one row with SQLAlchemy), then measu
   ratio vramlab / bare >= 0.5);
 - listing 50 of ``--rows`` experiments, without and with a tag filter (target: p95 <= 50 ms);
 - a 1,000-point sweep accepted (target: <= 0.5 s, median of 3).
+Beside each submit rate it prints the server's CPU time per request (user + system, read
+from /proc), which moves far less than the rates with the load others put on the machine.
+``--baseline PATH`` also starts ``vramlab serve`` from another checkout (the code before a
+change) and measures its submits in the same run, between vramlab's and the bare app's.
 wrk (loopback only) runs each measurement for ``--seconds``. PostgreSQL is the server at
 VRAMLAB_TEST_POSTGRES_URL (default postgresql://postgres@127.0.0.1:5432/postgres); the
 benchmark creates its own database there and drops it at the end.
@@ -26,7 +31,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -45,6 +50,7 @@ POSTGRES_URL = os.environ.get(
 )
 SPEC = {"op": "add", "shape": [256, 256], "dtype": "float32", "device": "cpu"}
 BARE_BODY = {"op": "add", "shape": [256, 256], "dtype": "float32", "device": "cpu"}
+VRAMLAB_SERVE = [sys.executable, "-m", "app.cli", "serve"]
 WRK_SCRIPT = """
 wrk.method = "{method}"
 wrk.body = [[{body}]]
@@ -65,12 +71,12 @@ def free_port() -> int:
 
 
 @contextmanager
-def database(engine: str, tmp: Path) -> Iterator[str]:
+def database(engine: str, tmp: Path, name: str = "bench") -> Iterator[str]:
     if engine == "sqlite":
-        yield f"sqlite:///{tmp / 'bench.db'}"
+        yield f"sqlite:///{tmp / f'{name}.db'}"
         return
     admin = normalise_database_url(POSTGRES_URL)
-    name = f"vramlab_bench_{uuid.uuid4().hex[:8]}"
+    name = f"vramlab_{name}_{uuid.uuid4().hex[:8]}"
     eng = create_engine(admin, isolation_level="AUTOCOMMIT")
     with eng.connect() as c:
         c.execute(text(f'CREATE DATABASE "{name}"'))
@@ -83,9 +89,17 @@ def database(engine: str, tmp: Path) -> Iterator[str]:
 
 
 @contextmanager
-def process(args: list[str], env: dict[str, str], log: Path, ready: str) -> Iterator[None]:
+def process(
+    args: list[str], env: dict[str, str], log: Path, ready: str, cwd: Path | None = None
+) -> Iterator[int]:
+    """Start a server, wait until ``ready`` answers, yield its pid; stop it at the end."""
     proc = subprocess.Popen(
-        args, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True
+        args,
+        env=env,
+        cwd=cwd,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 60
@@ -98,7 +112,7 @@ def process(args: list[str], env: dict[str, str], log: Path, ready: str) -> Iter
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{args} did not start; see {log}")
             time.sleep(0.2)
-        yield
+        yield proc.pid
     finally:
         proc.terminate()
         try:
@@ -108,8 +122,26 @@ def process(args: list[str], env: dict[str, str], log: Path, ready: str) -> Iter
             proc.wait()
 
 
-def wrk(url: str, connections: int, seconds: int, tmp: Path, body: Any = None) -> dict[str, Any]:
+def cpu_seconds(pid: int) -> float | None:
+    """User + system CPU time a process has used so far (Linux), or None."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wrk(
+    url: str,
+    connections: int,
+    seconds: int,
+    tmp: Path,
+    body: Any = None,
+    pid: int | None = None,
+) -> dict[str, Any]:
+    """wrk's figures; with ``pid``, also the server's CPU ms per request (``cpu_ms``)."""
     script = tmp / f"wrk-{uuid.uuid4().hex[:6]}.lua"
+    cpu_before = cpu_seconds(pid) if pid is not None else None
     method = "GET" if body is None else "POST"
     script.write_text(WRK_SCRIPT.format(method=method, body=json.dumps(body) if body else ""))
     out = subprocess.run(
@@ -133,7 +165,12 @@ def wrk(url: str, connections: int, seconds: int, tmp: Path, body: Any = None) -
     if match is None:
         raise RuntimeError(f"wrk printed no summary:\n{out}")
     n, bad, sock, timeouts, p50, p95, dur = (float(x) for x in match.group(1).split())
+    cpu_after = cpu_seconds(pid) if pid is not None else None
+    cpu_ms = None
+    if cpu_before is not None and cpu_after is not None and n:
+        cpu_ms = 1000 * (cpu_after - cpu_before) / n
     return {
+        "cpu_ms": cpu_ms,
         "rps": n / dur,
         "requests": int(n),
         "non2xx": int(bad),
@@ -213,71 +250,111 @@ def sweep_seconds(url: str, n: int = 3) -> float:
     return statistics.median(times)
 
 
-def run_engine(engine: str, seconds: int, rows: int, tmp: Path, parts: set[str]) -> dict[str, Any]:
+def run_engine(
+    engine: str, seconds: int, rows: int, tmp: Path, parts: set[str], baseline: Path | None
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     print(f"\n== {engine} ==")
-    print(f"{'measure':<36} {'vramlab':>10} {'bare':>10} {'ratio':>7} {'target':>9}", flush=True)
-    with database(engine, tmp) as url:
-        vport, bport = free_port(), free_port()
+    print(
+        f"{'measure':<36} {'vramlab':>10} {'bare':>10} {'ratio':>7} {'target':>9}"
+        "  server CPU ms/request (vramlab / bare)",
+        flush=True,
+    )
+    with database(engine, tmp) as url, ExitStack() as servers:
         env = {
             **os.environ,
             "VRAMLAB_DATABASE_URL": url,
             "BARE_DATABASE_URL": normalise_database_url(url).replace("bench.db", "bare.db"),
             # The benchmark queues far more than one submitter may by default.
             "VRAMLAB_MAX_QUEUED_PER_TOKEN": str(10**9),
-            "PYTHONPATH": os.pathsep.join(
-                p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p
-            ),
         }
         log = tmp / f"{engine}.log"
-        vramlab = [sys.executable, "-m", "app.cli", "serve", "--port", str(vport)]
-        bare = [sys.executable, str(ROOT / "bench" / "bare_app.py"), "--port", str(bport)]
-        with (
-            process(
-                [*vramlab, "--log-level", "warning"], env, log, f"http://127.0.0.1:{vport}/readyz"
-            ),
-            process(bare, env, log, f"http://127.0.0.1:{bport}/docs"),
-        ):
-            submit_url = f"http://127.0.0.1:{vport}/v1/experiments"
-            bare_url = f"http://127.0.0.1:{bport}/items"
-            for c in (1, 16) if "submit" in parts else ():
-                for _ in range(2):  # warm both up (first requests pay for imports)
-                    wrk(submit_url, c, 1, tmp, SPEC)
-                    wrk(bare_url, c, 1, tmp, BARE_BODY)
-                out[f"submit_c{c}"] = wrk(submit_url, c, seconds, tmp, SPEC)
-                out[f"bare_c{c}"] = wrk(bare_url, c, seconds, tmp, BARE_BODY)
-                report_submit(c, out[f"submit_c{c}"], out[f"bare_c{c}"])
-            if "list" not in parts:
-                return out
-            httpx.post(submit_url, json=SPEC).raise_for_status()  # the row that seeds copy
-            seed(url, rows)
-            list_url = f"http://127.0.0.1:{vport}/v1/experiments?limit=50"
-            wrk(list_url, 1, 1, tmp)
-            for key, query, what in (
-                ("list", "", "list 50, no filter"),
-                ("list_tag", "&tag=t10", "list 50, tag on 1/10"),
-                ("list_rare_tag", "&tag=t100", "list 50, tag on 1/100"),
-            ):
-                out[key] = x = wrk(list_url + query, 1, seconds, tmp)
-                print(
-                    f"{f'{what} of {rows:,}: p95 ms':<36} {x['p95_ms']:10.1f} {'':>10} {'':>7} "
-                    f"{'<= 50':>9}  (p50 {x['p50_ms']:.1f} ms, {x['non2xx']} non-2xx)",
-                    flush=True,
+
+        def serve(root: Path, database_url: str) -> tuple[str, int]:
+            port = free_port()
+            pid = servers.enter_context(
+                process(
+                    [*VRAMLAB_SERVE, "--port", str(port), "--log-level", "warning"],
+                    {**env, "VRAMLAB_DATABASE_URL": database_url, **python_path(root)},
+                    log,
+                    f"http://127.0.0.1:{port}/readyz",
+                    cwd=root,
                 )
-            out["sweep_s"] = sweep_seconds(f"http://127.0.0.1:{vport}")
+            )
+            return f"http://127.0.0.1:{port}", pid
+
+        vramlab_url, vpid = serve(ROOT, url)
+        bport = free_port()
+        bare = [sys.executable, str(ROOT / "bench" / "bare_app.py"), "--port", str(bport)]
+        bpid = servers.enter_context(
+            process(bare, {**env, **python_path(ROOT)}, log, f"http://127.0.0.1:{bport}/docs")
+        )
+        submit_url = f"{vramlab_url}/v1/experiments"
+        targets = {
+            "submit": (submit_url, SPEC, vpid),
+            "bare": (f"http://127.0.0.1:{bport}/items", BARE_BODY, bpid),
+        }
+        if baseline is not None and "submit" in parts:
+            # Its own database: the two share neither SQLite's write lock nor a queue.
+            base_url, base_pid = serve(
+                baseline, servers.enter_context(database(engine, tmp, "baseline"))
+            )
+            targets["baseline"] = (f"{base_url}/v1/experiments", SPEC, base_pid)
+        for c in (1, 16) if "submit" in parts else ():
+            for _ in range(2):  # warm each up (first requests pay for imports)
+                for target_url, body, _pid in targets.values():
+                    wrk(target_url, c, 1, tmp, body)
+            for name, (target_url, body, pid) in targets.items():
+                out[f"{name}_c{c}"] = wrk(target_url, c, seconds, tmp, body, pid)
+            report_submit(f"submit/s, {c} connection(s)", out[f"submit_c{c}"], out[f"bare_c{c}"])
+            if "baseline" in targets:
+                report_submit(
+                    f"  baseline {c} connection(s)", out[f"baseline_c{c}"], out[f"bare_c{c}"]
+                )
+        if "list" not in parts:
+            return out
+        httpx.post(submit_url, json=SPEC).raise_for_status()  # the row that seeds copy
+        seed(url, rows)
+        list_url = f"{vramlab_url}/v1/experiments?limit=50"
+        wrk(list_url, 1, 1, tmp)
+        for key, query, what in (
+            ("list", "", "list 50, no filter"),
+            ("list_tag", "&tag=t10", "list 50, tag on 1/10"),
+            ("list_rare_tag", "&tag=t100", "list 50, tag on 1/100"),
+        ):
+            out[key] = x = wrk(list_url + query, 1, seconds, tmp)
             print(
-                f"{'1,000-point sweep accepted: s':<36} {out['sweep_s']:10.3f} {'':>10} {'':>7} "
-                f"{'<= 0.5':>9}",
+                f"{f'{what} of {rows:,}: p95 ms':<36} {x['p95_ms']:10.1f} {'':>10} {'':>7} "
+                f"{'<= 50':>9}  (p50 {x['p50_ms']:.1f} ms, {x['non2xx']} non-2xx)",
                 flush=True,
             )
+        out["sweep_s"] = sweep_seconds(vramlab_url)
+        print(
+            f"{'1,000-point sweep accepted: s':<36} {out['sweep_s']:10.3f} {'':>10} {'':>7} "
+            f"{'<= 0.5':>9}",
+            flush=True,
+        )
     return out
 
 
-def report_submit(c: int, v: dict[str, Any], b: dict[str, Any]) -> None:
+def python_path(root: Path) -> dict[str, str]:
+    """The environment that makes ``python -m app.cli`` import vramlab from ``root``."""
+    return {
+        "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)
+    }
+
+
+def report_submit(what: str, v: dict[str, Any], b: dict[str, Any]) -> None:
     errs = v["non2xx"] + v["socket_errors"]
+    cpu = (
+        f"  {v['cpu_ms']:.2f} / {b['cpu_ms']:.2f}"
+        if v["cpu_ms"] is not None and b["cpu_ms"] is not None
+        else ""
+    )
     print(
-        f"{f'submit/s, {c} connection(s)':<36} {v['rps']:10.0f} {b['rps']:10.0f} "
+        f"{what:<36} {v['rps']:10.0f} {b['rps']:10.0f} "
         f"{v['rps'] / b['rps']:7.2f} {'>= 0.5':>9}"
+        + cpu
         + (f"  ({errs} errors of {v['requests']})" if errs else ""),
         flush=True,
     )
@@ -292,6 +369,12 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--parts", default="submit,list", help="submit and/or list (+ sweep)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        default=None,
+        help="another vramlab checkout whose submits are measured in the same run",
+    )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("bench/api.py needs wrk (apt-get install wrk)")
@@ -300,7 +383,7 @@ def main() -> None:
     try:
         for engine in args.engines.split(","):
             results[engine] = run_engine(
-                engine, args.seconds, args.rows, tmp, set(args.parts.split(","))
+                engine, args.seconds, args.rows, tmp, set(args.parts.split(",")), args.baseline
             )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
