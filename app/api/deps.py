@@ -8,6 +8,7 @@ imports) resolve the caller in a short session of its own and open theirs only a
 is closed."""
 
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -150,13 +151,14 @@ def principal(
 
     On SQLite a write request's session holds the process's write slot from its first
     statement to its commit; the caller is looked up first, in a short read session that
-    is closed before the handler opens the request's, so that the slot is not held
-    across this extra trip to the thread pool. Still one connection at a time.
+    is closed before the handler opens the request's (``Database.reads_before_writing``),
+    so that the slot is not held across this extra trip to the thread pool. Still one
+    connection at a time.
     """
-    if request.method not in READ_METHODS and db.is_sqlite:
-        with db.session(write=False) as read:
-            return _resolve(request, read, settings, credentials)
-    return _resolve(request, s, settings, credentials)
+    if request.method in READ_METHODS:
+        return _resolve(request, s, settings, credentials)
+    with db.reads_before_writing(s) as read:
+        return _resolve(request, read, settings, credentials)
 
 
 def principal_apart(
@@ -174,6 +176,37 @@ def principal_apart(
 
 
 PrincipalDep = Annotated[auth.Principal, Depends(principal)]
+
+
+@dataclass(frozen=True)
+class OneTrip:
+    """What a handler that does all its database work in one trip to the thread pool
+    needs of the app and the request, in one dependency (each dependency FastAPI
+    resolves costs about what a short statement does): the database, settings, the
+    work signal, the time, and the caller as the request describes them, which
+    ``principal`` looks up in a session of that work, as ``principal()`` would."""
+
+    request: Request
+    db: Database
+    settings: Settings
+    signal: WorkSignal
+    now: datetime
+    credentials: HTTPAuthorizationCredentials | None
+
+    def principal(self, s: Session, scope: str) -> auth.Principal:
+        """The caller, if they have ``scope``; else 401 or 403."""
+        return _check(scope, _resolve(self.request, s, self.settings, self.credentials))
+
+
+async def one_trip(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
+) -> OneTrip:
+    state = request.app.state
+    return OneTrip(request, state.db, state.settings, state.signal, state.clock(), credentials)
+
+
+OneTripDep = Annotated[OneTrip, Depends(one_trip)]
 
 
 def _check(scope: str, who: auth.Principal) -> auth.Principal:

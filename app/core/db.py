@@ -136,6 +136,18 @@ class Database:
             raise
         self.close(s, ok=True)
 
+    @contextmanager
+    def reads_before_writing(self, write: Session) -> Iterator[Session]:
+        """A session for what a write request reads before it writes (who is calling,
+        which workers are live). On SQLite, a short read session of its own, closed when
+        the block ends, so that the write slot is not held meanwhile: ``write`` must not
+        have been used yet. Elsewhere ``write`` itself: one connection, one transaction."""
+        if not self.is_sqlite:
+            yield write
+            return
+        with self.session(write=False) as s:
+            yield s
+
     def take_write_slot(self) -> None:
         if not self._writer.acquire(timeout=self.wait_seconds):
             raise Busy(f"the database is busy: no write slot came free in {self.wait_seconds:g} s")

@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from app.core.config import Settings
@@ -85,9 +85,13 @@ def list_all(session: Session) -> list[ApiToken]:
     return list(session.scalars(select(ApiToken).order_by(ApiToken.created_at)))
 
 
+# Built once: on SQLite, building a statement costs more than running it.
+_ANY_TOKEN = select(ApiToken.id).where(ApiToken.revoked_at.is_(None)).limit(1)
+_BY_HASH = select(ApiToken).where(ApiToken.token_hash == bindparam("token_hash"))
+
+
 def tokens_exist(session: Session) -> bool:
-    stmt = select(ApiToken.id).where(ApiToken.revoked_at.is_(None)).limit(1)
-    return session.scalar(stmt) is not None
+    return session.scalar(_ANY_TOKEN) is not None
 
 
 def auth_required(session: Session, settings: Settings) -> bool:
@@ -110,7 +114,7 @@ def authenticate(session: Session, settings: Settings, token: str) -> Principal 
         return STATIC_WORKER
     if _same(token, settings.local_worker_token):
         return LOCAL_WORKER
-    row = session.scalar(select(ApiToken).where(ApiToken.token_hash == hash_token(token)))
+    row = session.scalar(_BY_HASH, {"token_hash": hash_token(token)})
     if row is None or row.revoked_at is not None:
         return None
     return Principal(id=row.id, name=row.name, scopes=frozenset(row.scopes))

@@ -6,24 +6,37 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import and_, func, or_, select
+from sqlalchemy import (
+    Select,
+    Table,
+    and_,
+    bindparam,
+    func,
+    insert,
+    literal,
+    or_,
+    select,
+)
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from app.contract import Status
+from app.contract import Prediction, Status
 from app.core.config import Settings
 from app.errors import ApiError, Conflict, NotFound, TooManyRequests
 from app.models import Experiment, ExperimentTag
 from app.schemas.data import STORED
 from app.schemas.experiment import ExperimentError, ExperimentOut, QueueInfo
 from app.schemas.spec import ExperimentSpec
-from app.services import queue, workers
+from app.services import live_workers, queue, workers
 from app.services.signals import WorkSignal
 from app.services.specs import AcceptedSpec
 
 CANCEL_TRIES = 3
+# Core statements: the ORM's unit of work would cost more than the insert itself.
+_INSERT_EXPERIMENT = insert(cast(Table, Experiment.__table__))
+_INSERT_TAG = insert(cast(Table, ExperimentTag.__table__))
 
 
 def submit(
@@ -35,19 +48,21 @@ def submit(
     submitted_by: str | None = None,
     idempotency_key: str | None = None,
     preset: str | None = None,
-) -> Experiment:
-    """Queue an accepted spec in the caller's transaction; waiting workers wake once it
-    commits. The spec was planned (``specs.accept``) before the transaction began."""
-    exp = new(
-        accepted,
-        now,
-        submitted_by=submitted_by,
-        idempotency_key=idempotency_key,
-        preset=preset,
-    )
-    session.add(exp)
+) -> dict[str, Any]:
+    """Queue an accepted spec in the caller's transaction, and return the row inserted;
+    waiting workers wake once it commits. The spec was planned (``specs.accept``) before
+    the transaction began. One INSERT for the experiment and one for its tags: no ORM
+    object to flush, and nothing to read back (``queued_out`` answers from the row)."""
+    row = columns(accepted, now, submitted_by=submitted_by, preset=preset)
+    row["idempotency_key"] = idempotency_key
+    session.execute(_INSERT_EXPERIMENT, row)
+    if accepted.spec.tags:
+        session.execute(
+            _INSERT_TAG,
+            [{"experiment_id": row["id"], "tag": t, "created_at": now} for t in accepted.spec.tags],
+        )
     signal.after_commit(session)
-    return exp
+    return row
 
 
 def with_device(
@@ -58,23 +73,6 @@ def with_device(
         return spec
     device = workers.default_device(session, now, settings.worker_live_seconds)
     return spec.model_copy(update={"device": device})
-
-
-def new(
-    accepted: AcceptedSpec,
-    now: datetime,
-    *,
-    submitted_by: str | None = None,
-    idempotency_key: str | None = None,
-    preset: str | None = None,
-) -> Experiment:
-    """A queued experiment for a spec already accepted; the caller adds it."""
-    return Experiment(
-        **columns(accepted, now, submitted_by=submitted_by, preset=preset),
-        idempotency_key=idempotency_key,
-        tag_rows=[ExperimentTag(tag=t, created_at=now) for t in dict.fromkeys(accepted.spec.tags)],
-        result=None,  # known empty: reading it later needs no query
-    )
 
 
 def columns(
@@ -116,26 +114,41 @@ def columns(
     }
 
 
+def _queued_of(token: bool) -> Select[int]:
+    """How many experiments a submitter has queued, counted up to ``:cap`` rows (a long
+    queue costs no more than the cap to check); ``:who`` names the token, if ``token``."""
+    who = Experiment.submitted_by
+    mine = (
+        # A constant, not a column: the index (status, submitted_by) answers alone, with
+        # no look-up of each row (on SQLite the id is not in that index).
+        select(literal(1))
+        .where(
+            Experiment.status == Status.QUEUED,
+            who == bindparam("who") if token else who.is_(None),
+        )
+        .limit(bindparam("cap"))
+        .subquery()
+    )
+    return select(func.count()).select_from(mine)
+
+
+# Built once: on SQLite, building a statement costs more than running it.
+_QUEUED_OF_TOKEN, _QUEUED_OPEN = _queued_of(True), _queued_of(False)
+
+
 def check_quota(
     session: Session, submitted_by: str | None, settings: Settings, adding: int = 1
 ) -> None:
     """Refuse (429) a submitter that already has as many queued experiments as allowed."""
-    who = Experiment.submitted_by
-    mine = (
-        select(Experiment.id)
-        .where(
-            Experiment.status == Status.QUEUED,
-            who.is_(None) if submitted_by is None else who == submitted_by,
-        )
-        # Counting stops past the cap: a long queue costs no more than the cap to check.
-        .limit(settings.max_queued_per_token + 1)
-        .subquery()
-    )
-    queued = session.scalar(select(func.count()).select_from(mine)) or 0
-    if queued + adding > settings.max_queued_per_token:
+    cap = settings.max_queued_per_token
+    if submitted_by is None:
+        queued = session.scalar(_QUEUED_OPEN, {"cap": cap + 1}) or 0
+    else:
+        queued = session.scalar(_QUEUED_OF_TOKEN, {"who": submitted_by, "cap": cap + 1}) or 0
+    if queued + adding > cap:
         raise TooManyRequests(
             f"{queued} experiments of yours are queued and {adding} more were asked for; at most "
-            f"{settings.max_queued_per_token} may wait at once (VRAMLAB_MAX_QUEUED_PER_TOKEN)",
+            f"{cap} may wait at once (VRAMLAB_MAX_QUEUED_PER_TOKEN)",
             headers={"Retry-After": "30"},
         )
 
@@ -153,33 +166,34 @@ def submit_once(
     *,
     submitted_by: str | None,
     idempotency_key: str | None,
-) -> tuple[Experiment, bool]:
-    """Submit, unless this submitter already used this Idempotency-Key: then return the
-    first experiment and True (replayed). Keys are namespaced by the submitter."""
+) -> tuple[ExperimentOut, bool]:
+    """Submit and answer, unless this submitter already used this Idempotency-Key: then
+    answer the first experiment, and True (replayed). Keys are namespaced by the
+    submitter."""
     scoped = None if idempotency_key is None else f"{submitted_by or '-'}:{idempotency_key}"
     if scoped is not None and (first := _by_key(session, scoped)) is not None:
-        return first, True
+        return answer(session, first, settings, now), True
     check_quota(session, submitted_by, settings)
     if scoped is None:
-        return submit(session, accepted, signal, now, submitted_by=submitted_by), False
-    try:
-        # A savepoint: if a concurrent request with the same key commits first, the unique
-        # index refuses this insert and the transaction goes on to return that one.
-        with session.begin_nested():
-            exp = submit(
-                session,
-                accepted,
-                signal,
-                now,
-                submitted_by=submitted_by,
-                idempotency_key=scoped,
-            )
-            session.flush()
-    except IntegrityError:
-        if scoped is None or (first := _by_key(session, scoped)) is None:
-            raise
-        return first, True
-    return exp, False
+        row = submit(session, accepted, signal, now, submitted_by=submitted_by)
+    else:
+        try:
+            # A savepoint: if a concurrent request with the same key commits first, the
+            # unique index refuses this insert and the transaction goes on to return that one.
+            with session.begin_nested():
+                row = submit(
+                    session,
+                    accepted,
+                    signal,
+                    now,
+                    submitted_by=submitted_by,
+                    idempotency_key=scoped,
+                )
+        except IntegrityError:
+            if (first := _by_key(session, scoped)) is None:
+                raise
+            return answer(session, first, settings, now), True
+    return queued_out(row, accepted, queue_info(session, accepted, settings, now)), False
 
 
 def get(session: Session, experiment_id: str) -> Experiment:
@@ -286,9 +300,12 @@ def page(
     return rows, (_encode_cursor(rows[-1]) if more and rows else None)
 
 
-def queue_info(session: Session, exp: Experiment, settings: Settings, now: datetime) -> QueueInfo:
-    live = workers.live(session, now, settings.worker_live_seconds)
-    reasons = [workers.why_not(w.capabilities, exp) for w in live]
+def queue_info(
+    session: Session, needs: workers.Needs, settings: Settings, now: datetime
+) -> QueueInfo:
+    """Whether a live worker can run an experiment with these needs, and if not, why."""
+    live = live_workers.capabilities(session, now, settings.worker_live_seconds)
+    reasons = [workers.why_not(caps, needs) for caps in live]
     if any(r is None for r in reasons):
         return QueueInfo(runnable=True, live_workers=len(live))
     if not live:
@@ -296,6 +313,13 @@ def queue_info(session: Session, exp: Experiment, settings: Settings, now: datet
     else:
         reason = f"no live worker can run it: it {reasons[0]}"
     return QueueInfo(runnable=False, live_workers=len(live), reason=reason)
+
+
+def answer(session: Session, exp: Experiment, settings: Settings, now: datetime) -> ExperimentOut:
+    """An experiment as clients read it; while it is queued, whether a live worker can
+    run it."""
+    queued = exp.status == Status.QUEUED
+    return to_out(exp, queue_info(session, exp, settings, now) if queued else None)
 
 
 def off_prediction(out: ExperimentOut) -> str | None:
@@ -327,6 +351,25 @@ def run_fields(exp: Experiment) -> dict[str, Any]:
         "isolation": exp.isolation,
         "steps": exp.steps,
     }
+
+
+def queued_out(row: dict[str, Any], accepted: AcceptedSpec, queue: QueueInfo) -> ExperimentOut:
+    """The answer to a submit, from the row it inserted and the spec as accepted: what
+    ``to_out`` gives when the experiment is read back, without reading it back."""
+    return ExperimentOut(
+        id=row["id"],
+        status=Status.QUEUED,
+        spec=accepted.spec,
+        attempts=0,
+        worker_id=None,
+        submitted_by=row["submitted_by"],
+        created_at=row["created_at"],
+        started_at=None,
+        finished_at=None,
+        queue=queue,
+        prediction=Prediction.model_validate(row["prediction"]),
+        preset=row["preset"],
+    )
 
 
 def to_out(exp: Experiment, queue: QueueInfo | None = None) -> ExperimentOut:

@@ -8,7 +8,7 @@ from app.catalog import CatalogError
 from app.catalog.presets import PRESETS, Preset, get_preset
 from app.core.config import Settings
 from app.errors import Conflict, InvalidSpec, NotFound
-from app.models import Experiment
+from app.schemas.experiment import ExperimentOut
 from app.schemas.preset import PresetOut, PresetRun
 from app.schemas.spec import ExperimentSpec
 from app.services import experiments, workers
@@ -48,7 +48,8 @@ def queue(
     signal: WorkSignal,
     now: datetime,
     submitted_by: str | None,
-) -> Experiment:
+) -> ExperimentOut:
+    """Queue the preset and answer as a submit does."""
     device = run.device
     if device is None:
         device = workers.default_device(session, now, settings.worker_live_seconds)
@@ -60,6 +61,6 @@ def queue(
     spec = spec_of(name, run, device)
     experiments.check_quota(session, submitted_by, settings)
     accepted = accept(spec, settings)  # a preset is small: planning it here is cheap
-    return experiments.submit(
-        session, accepted, signal, now, submitted_by=submitted_by, preset=name
-    )
+    row = experiments.submit(session, accepted, signal, now, submitted_by=submitted_by, preset=name)
+    queue = experiments.queue_info(session, accepted, settings, now)
+    return experiments.queued_out(row, accepted, queue)

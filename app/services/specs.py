@@ -20,11 +20,19 @@ from app.schemas.spec import ExperimentSpec
 
 @dataclass(frozen=True)
 class AcceptedSpec:
-    spec: ExperimentSpec  # params filled, device canonical
+    spec: ExperimentSpec  # params filled, device canonical, tags each once
     device_type: str
     gpus_needed: int  # how many GPUs a worker needs: the highest cuda index named, plus one
     prediction: dict[str, Any]
     plan_steps: int = 0  # steps a scenario's planning ran one by one (0: one op, or cached)
+
+    @property
+    def gpu_name(self) -> str | None:
+        return self.spec.requirements.gpu_name
+
+    @property
+    def min_memory_bytes(self) -> int | None:
+        return self.spec.requirements.min_memory_bytes
 
 
 # Scenario plans by (steps as JSON, dtype, device): a sweep whose points share their steps
@@ -118,7 +126,9 @@ def accept(
             f"{human_bytes(settings.max_experiment_bytes)} (VRAMLAB_MAX_EXPERIMENT_BYTES)",
         )
     cuda_indexes = [parse_device(d)[1] for d in plan.devices if d.startswith("cuda")]
-    accepted = spec.model_copy(update={"params": plan.params, "device": device})
+    # Tags as stored: each once, in the order given.
+    tags = list(dict.fromkeys(spec.tags))
+    accepted = spec.model_copy(update={"params": plan.params, "device": device, "tags": tags})
     return AcceptedSpec(
         spec=accepted,
         device_type="cuda" if cuda_indexes else "cpu",

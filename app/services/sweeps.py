@@ -171,7 +171,7 @@ def create(
     tags = [
         {"experiment_id": row["id"], "tag": tag, "created_at": row["created_at"]}
         for row, point in zip(rows, planned, strict=True)
-        for tag in dict.fromkeys(point.spec.tags)
+        for tag in point.spec.tags
     ]
     if tags:
         session.execute(insert(ExperimentTag), tags)

@@ -7,7 +7,7 @@ leases a running experiment, ``idle`` otherwise.
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import ColumnElement, and_, func, literal, or_, select, update
 from sqlalchemy.orm import Session
@@ -16,6 +16,7 @@ from app.contract import Status, WorkerState
 from app.errors import NotFound
 from app.models import Experiment, Worker
 from app.schemas.worker import RegisterRequest
+from app.services import live_workers
 from app.services.auth import Principal
 
 
@@ -32,6 +33,7 @@ def register(
         last_seen_at=now,
     )
     session.add(worker)
+    live_workers.changed(session)
     return worker
 
 
@@ -63,6 +65,7 @@ def get_for(session: Session, worker_id: str, who: Principal) -> Worker:
 def seen(session: Session, worker_id: str, now: datetime) -> None:
     stmt = update(Worker).where(Worker.id == worker_id).values(last_seen_at=now)
     session.execute(stmt.execution_options(synchronize_session=False))
+    live_workers.changed(session)
 
 
 def stop(session: Session, worker_id: str, who: Principal, now: datetime) -> None:
@@ -76,6 +79,7 @@ def stop(session: Session, worker_id: str, who: Principal, now: datetime) -> Non
         .values(stopped_at=now, last_seen_at=now)
     )
     session.execute(stmt.execution_options(synchronize_session=False))
+    live_workers.changed(session)
 
 
 def _live_clause(now: datetime, live_seconds: float) -> ColumnElement[bool]:
@@ -125,8 +129,11 @@ def list_all(session: Session) -> list[WorkerView]:
 def default_device(session: Session, now: datetime, live_seconds: float) -> str:
     """The device for a spec that names none: CUDA where a live worker offers it, else
     the CPU (every worker runs CPU experiments, so this never leaves work stranded)."""
-    workers = live(session, now, live_seconds)
-    offered = {t for w in workers for t in w.capabilities.get("device_types") or []}
+    offered = {
+        t
+        for caps in live_workers.capabilities(session, now, live_seconds)
+        for t in caps.get("device_types") or []
+    }
     return "cuda" if "cuda" in offered else "cpu"
 
 
@@ -150,7 +157,21 @@ def runnable_clause(caps: dict[str, Any]) -> ColumnElement[bool]:
     )
 
 
-def why_not(caps: dict[str, Any], exp: Experiment) -> str | None:
+class Needs(Protocol):
+    """What a worker must offer to run an experiment: a queued one, or a spec accepted
+    for queuing."""
+
+    @property
+    def device_type(self) -> str: ...
+    @property
+    def gpus_needed(self) -> int: ...
+    @property
+    def gpu_name(self) -> str | None: ...
+    @property
+    def min_memory_bytes(self) -> int | None: ...
+
+
+def why_not(caps: dict[str, Any], exp: Needs) -> str | None:
     """Python's twin of ``runnable_clause``: None if the worker can run it, else why not."""
     gpus = _gpus(caps)
     if exp.device_type not in (caps.get("device_types") or ["cpu"]):

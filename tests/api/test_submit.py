@@ -1,9 +1,15 @@
 """Submitting, reading, listing and cancelling experiments over HTTP."""
 
+import sqlite3
+from typing import Any
+
 import httpx
 import pytest
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
 
-from tests.helpers import ADD, CPU_CAPS, MATMUL, claim, register, submit
+from tests.conftest import Clock, LiveServer, make_settings
+from tests.helpers import ADD, CPU_CAPS, CUDA_CAPS, MATMUL, claim, register, submit
 
 
 def test_submit_queues_and_reads_back(client: httpx.Client) -> None:
@@ -32,6 +38,70 @@ def test_queued_experiment_says_why_no_worker_runs_it(client: httpx.Client) -> N
     }
     cpu = submit(client, ADD)
     assert client.get(f"/v1/experiments/{cpu['id']}").json()["queue"]["runnable"] is True
+
+
+def test_a_submit_answers_what_reading_it_back_gives(client: httpx.Client) -> None:
+    # The answer is built from the row inserted, not read back: it must not drift.
+    register(client, CUDA_CAPS)
+    spec = {
+        **MATMUL,
+        "tags": ["a", "b", "a"],
+        "requirements": {"gpu_name": "H100", "min_memory_bytes": 2**30},
+        "allocator": {"expandable_segments": True},
+        "priority": -3,
+        "warmup": 2,
+        "trace": "stacks",
+    }
+    posted = submit(client, spec)
+    assert posted == client.get(f"/v1/experiments/{posted['id']}").json()
+    assert posted["spec"]["tags"] == ["a", "b"] and posted["queue"]["runnable"] is True
+    keyed = client.post("/v1/experiments", json=ADD, headers={"Idempotency-Key": "k"}).json()
+    assert keyed == client.get(f"/v1/experiments/{keyed['id']}").json()
+
+
+def test_the_live_workers_a_submit_sees_follow_each_change_at_once(database_url: str) -> None:
+    # What submits read of the live workers is kept for a second: each change this API
+    # makes must still show in the very next submit.
+    clock = Clock()
+    with LiveServer(make_settings(database_url), clock) as live:
+        with httpx.Client(base_url=live.url) as c:
+            assert submit(c)["queue"]["live_workers"] == 0
+            worker = register(c)
+            assert submit(c)["queue"] == {"runnable": True, "live_workers": 1, "reason": None}
+            clock.advance(61)  # silent for longer than VRAMLAB_WORKER_LIVE_SECONDS
+            assert submit(c)["queue"]["live_workers"] == 0
+            assert claim(c, worker) is not None  # heard from again
+            assert submit(c)["queue"]["live_workers"] == 1
+            assert c.post("/v1/worker/stop", json={"worker_id": worker}).status_code == 204
+            assert submit(c)["queue"]["live_workers"] == 0
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_submit_reads_the_queue_from_indexes_alone(database_url: str) -> None:
+    # Before: counting a submitter's queued experiments looked up every one of their rows
+    # (the id is not in the index it walks), up to 10,000 of them on each submit.
+    with LiveServer(make_settings(database_url)) as live, httpx.Client(base_url=live.url) as c:
+        for _ in range(3):
+            submit(c)
+        statements: list[tuple[str, Any]] = []
+
+        def record(*args: Any) -> None:
+            statements.append((args[2], args[3]))
+
+        engine = live.app.state.db.engine
+        event.listen(engine, "before_cursor_execute", record)
+        try:
+            submit(c)
+        finally:
+            event.remove(engine, "before_cursor_execute", record)
+    reads = [(sql, params) for sql, params in statements if sql.lstrip().startswith("SELECT")]
+    assert any("experiments" in sql for sql, _ in reads), statements
+    with sqlite3.connect(str(make_url(database_url).database)) as raw:
+        for sql, params in reads:
+            plan = [row[3] for row in raw.execute(f"EXPLAIN QUERY PLAN {sql}", params)]
+            for step in plan:
+                if "experiments " in step + " ":
+                    assert "COVERING INDEX" in step, (sql, plan)
 
 
 @pytest.mark.parametrize(

@@ -1,56 +1,32 @@
 """Experiments: submit, read, list, cancel."""
 
+from functools import partial
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Header, Query, Response
+from fastapi import APIRouter, Header, Query, Response
+from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import (
     ExperimentDep,
     NowDep,
+    OneTripDep,
     SessionDep,
     SettingsDep,
-    SignalDep,
-    get_db,
     require,
 )
 from app.contract import Status
-from app.core.db import Database
 from app.errors import ERROR_RESPONSES
 from app.schemas.experiment import ExperimentOut, ExperimentPage
 from app.schemas.spec import ExperimentSpec
-from app.services import auth, experiments
-from app.services.auth import Principal
-from app.services.specs import AcceptedSpec, accept
+from app.services import experiments, submissions
 
 router = APIRouter(prefix="/v1/experiments", tags=["experiments"], responses=ERROR_RESPONSES)
 
 
-def accepted_spec(
-    spec: ExperimentSpec,
-    db: Annotated[Database, Depends(get_db)],
-    settings: SettingsDep,
-    now: NowDep,
-) -> AcceptedSpec:
-    """The spec checked and planned. A dependency that handlers list before SessionDep
-    (FastAPI resolves them in order): planning runs before the write transaction opens.
-    A spec with no device gets one from the live workers, in a short read session."""
-    if spec.device is None:
-        with db.session(write=False) as s:
-            spec = experiments.with_device(s, spec, settings, now)
-    return accept(spec, settings)
-
-
-AcceptedDep = Annotated[AcceptedSpec, Depends(accepted_spec)]
-
-
 @router.post("", status_code=202, response_model=ExperimentOut, summary="Queue an experiment")
-def submit(
-    who: Annotated[Principal, require("submit")],  # first: nothing is planned for a 401
-    spec: AcceptedDep,  # before the session: planned outside the write transaction
-    s: SessionDep,
-    settings: SettingsDep,
-    signal: SignalDep,
-    now: NowDep,
+async def submit(
+    spec: ExperimentSpec,
+    trip: OneTripDep,
     response: Response,
     idempotency_key: Annotated[
         str | None,
@@ -62,14 +38,21 @@ def submit(
         ),
     ] = None,
 ) -> ExperimentOut:
-    auth.check_priority(who, spec.spec.priority, settings)
-    exp, replayed = experiments.submit_once(
-        s, spec, settings, signal, now, submitted_by=who.id, idempotency_key=idempotency_key
+    # The caller's look-up, planning, the insert and the commit in one trip to the thread
+    # pool (app/services/submissions.py).
+    out, replayed = await run_in_threadpool(
+        submissions.submit,
+        trip.db,
+        partial(trip.principal, scope="submit"),
+        spec,
+        trip.settings,
+        trip.signal,
+        trip.now,
+        idempotency_key,
     )
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
-    queue = experiments.queue_info(s, exp, settings, now) if exp.status == Status.QUEUED else None
-    return experiments.to_out(exp, queue)
+    return out
 
 
 @router.get(
@@ -110,8 +93,7 @@ def list_experiments(
     dependencies=[require("read")],
 )
 def read(exp: ExperimentDep, s: SessionDep, settings: SettingsDep, now: NowDep) -> ExperimentOut:
-    queue = experiments.queue_info(s, exp, settings, now) if exp.status == Status.QUEUED else None
-    return experiments.to_out(exp, queue)
+    return experiments.answer(s, exp, settings, now)
 
 
 @router.post(

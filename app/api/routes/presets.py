@@ -8,7 +8,7 @@ from app.api.deps import NowDep, SessionDep, SettingsDep, SignalDep, require
 from app.errors import ERROR_RESPONSES
 from app.schemas.experiment import ExperimentOut
 from app.schemas.preset import PresetOut, PresetRun
-from app.services import auth, experiments, presets
+from app.services import auth, presets
 from app.services.auth import Principal
 
 router = APIRouter(prefix="/v1/presets", tags=["presets"], responses=ERROR_RESPONSES)
@@ -38,6 +38,4 @@ def run_preset(
 ) -> ExperimentOut:
     run = run or PresetRun()
     auth.check_priority(who, run.priority, settings)
-    exp = presets.queue(s, name, run, settings, signal, now, who.id)
-    s.flush()
-    return experiments.to_out(exp, experiments.queue_info(s, exp, settings, now))
+    return presets.queue(s, name, run, settings, signal, now, who.id)

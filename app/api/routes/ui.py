@@ -139,8 +139,7 @@ def cancel(
 def experiment(
     request: Request, exp: ExperimentDep, s: SessionDep, settings: SettingsDep, now: NowDep
 ) -> HTMLResponse:
-    queue = experiments.queue_info(s, exp, settings, now) if exp.status == Status.QUEUED else None
-    out = experiments.to_out(exp, queue)
+    out = experiments.answer(s, exp, settings, now)
     chart = peak = None
     if out.status.finished:
         try:
