@@ -4,8 +4,8 @@ Waiters take the current event *before* they look for work, so a notification th
 lands between their look and their wait still wakes them. A transaction that queues work
 calls ``after_commit``: once it commits, this process's waiting claims wake, and on
 PostgreSQL the ``Replicas`` task sends ``NOTIFY`` on a connection of its own, off the
-request's path and coalesced (one per burst of commits), which wakes the waiting claims
-of every other API replica through their ``LISTEN``. The poll every
+request's path and coalesced (at most one each ``NOTIFY_GAP_SECONDS``), which wakes the
+waiting claims of every other API replica through their ``LISTEN``. The poll every
 ``claim_poll_seconds`` stays as the fallback (expired leases, a connection that is being
 re-made).
 """
@@ -26,6 +26,11 @@ log = logging.getLogger("vramlab")
 
 CHANNEL = "vramlab_work"
 _PENDING = "vramlab_wakes_workers"
+# At most one NOTIFY this often: the first after a quiet spell goes at once, and what a
+# steady stream of submits queues meanwhile waits for the next. Each NOTIFY is work for
+# every replica (PostgreSQL queues it at commit and wakes each listening connection,
+# this replica's own included), and a claim waiting elsewhere needs only one.
+NOTIFY_GAP_SECONDS = 0.05
 
 
 class WorkSignal:
@@ -142,6 +147,7 @@ class Replicas:
                         await conn.execute(
                             "SELECT pg_notify(%s, %s)", (CHANNEL, self.signal.replica)
                         )
+                        await asyncio.sleep(NOTIFY_GAP_SECONDS)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -1,14 +1,16 @@
 """Connections and the write slot: one connection a request, bounded waits, 503 not 500;
-listing by tag in pages; a sweep queued in one batch."""
+listing by tag in pages; a sweep queued in one batch; one NOTIFY for a burst of submits."""
 
 import threading
 from collections.abc import Iterator
 
 import httpx
+import psycopg
 import pytest
 
 from app.core.db import Database
-from tests.conftest import LiveServer, make_settings
+from app.services import signals
+from tests.conftest import ENGINES, LiveServer, make_settings
 from tests.helpers import ADD, claim, register, submit
 
 
@@ -115,3 +117,21 @@ def test_a_sweep_is_queued_in_grid_order_with_its_tags(client: httpx.Client) -> 
     assert again["rows"] == out["rows"] and again["progress"] == out["progress"]
     tagged = client.get("/v1/experiments", params={"tag": "sw", "limit": 200}).json()["items"]
     assert len(tagged) == 100
+
+
+@pytest.mark.skipif("postgres" not in ENGINES, reason="LISTEN/NOTIFY is PostgreSQL's")
+@pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
+def test_a_burst_of_submits_wakes_the_other_replicas_once(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: one NOTIFY for each submit that came after the last was sent, so one per
+    # submit from a single client; each is work for PostgreSQL and every replica.
+    monkeypatch.setattr(signals, "NOTIFY_GAP_SECONDS", 60.0, raising=False)
+    with psycopg.connect(signals.libpq_url(database_url), autocommit=True) as other_replica:
+        other_replica.execute(f"LISTEN {signals.CHANNEL}")
+        with LiveServer(make_settings(database_url)) as live:
+            with httpx.Client(base_url=live.url) as c:
+                for _ in range(5):
+                    submit(c)
+            woken = list(other_replica.notifies(timeout=2.0))
+    assert len(woken) == 1, woken
