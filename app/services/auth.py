@@ -4,6 +4,7 @@ Tokens are 256 random bits, so a plain SHA-256 is the right hash: there is nothi
 brute-force, and look-up by hash stays one indexed query.
 """
 
+import functools
 import hashlib
 import ipaddress
 import secrets
@@ -22,6 +23,7 @@ SCOPES = ("read", "submit", "worker", "admin")
 TOKEN_PREFIX = "vl_"
 
 
+@functools.lru_cache(maxsize=256)  # asked on each request, mostly of the address served
 def is_loopback(host: str) -> bool:
     """Whether an address (or host name) reaches this machine alone. ``0.0.0.0``, ``::``
     and any other name or address listen beyond it."""
