@@ -110,7 +110,8 @@ def process(
             except httpx.TransportError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{args} did not start; see {log}")
+                tail = log.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{args} did not start; its log ends:\n{tail}")
             time.sleep(0.2)
         yield proc.pid
     finally:
