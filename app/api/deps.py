@@ -5,7 +5,8 @@ that 404.
 A request holds at most one database connection at a time: the caller's look-up shares
 the request's session, and the few handlers that wait (long-polling claims, snapshot
 imports) resolve the caller in a short session of its own and open theirs only after it
-is closed."""
+is closed. A handler on the hot path (the submit) takes ``OneTripDep`` instead and does
+the caller's look-up with the rest of its database work, in one trip to the thread pool."""
 
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
