@@ -2,6 +2,7 @@
 
 import base64
 import binascii
+import functools
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -9,6 +10,8 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 from sqlalchemy import (
+    CursorResult,
+    Insert,
     Select,
     Table,
     and_,
@@ -42,6 +45,7 @@ _INSERT_TAG = insert(cast(Table, ExperimentTag.__table__))
 def submit(
     session: Session,
     accepted: AcceptedSpec,
+    settings: Settings,
     signal: WorkSignal,
     now: datetime,
     *,
@@ -49,13 +53,20 @@ def submit(
     idempotency_key: str | None = None,
     preset: str | None = None,
 ) -> dict[str, Any]:
-    """Queue an accepted spec in the caller's transaction, and return the row inserted;
-    waiting workers wake once it commits. The spec was planned (``specs.accept``) before
-    the transaction began. One INSERT for the experiment and one for its tags: no ORM
-    object to flush, and nothing to read back (``queued_out`` answers from the row)."""
+    """Queue an accepted spec in the caller's transaction, unless its submitter already
+    has as many queued as allowed (429), and return the row inserted; waiting workers
+    wake once it commits. The spec was planned (``specs.accept``) before the transaction
+    began. One INSERT that checks the quota too, and one for the tags: no ORM object to
+    flush, and nothing to read back (``queued_out`` answers from the row)."""
     row = columns(accepted, now, submitted_by=submitted_by, preset=preset)
     row["idempotency_key"] = idempotency_key
-    session.execute(_INSERT_EXPERIMENT, row)
+    quota: dict[str, Any] = {"cap": settings.max_queued_per_token}
+    if submitted_by is not None:
+        quota["who"] = submitted_by
+    stmt = _insert_within_quota(tuple(row), token=submitted_by is not None)
+    if cast(CursorResult[Any], session.execute(stmt, {**row, **quota})).rowcount != 1:
+        check_quota(session, submitted_by, settings)  # 429, saying how many are queued
+        session.execute(_INSERT_EXPERIMENT, row)  # the queue moved on meanwhile
     if accepted.spec.tags:
         session.execute(
             _INSERT_TAG,
@@ -63,6 +74,21 @@ def submit(
         )
     signal.after_commit(session)
     return row
+
+
+@functools.lru_cache(maxsize=4)
+def _insert_within_quota(names: tuple[str, ...], *, token: bool) -> Insert:
+    """INSERT one experiment (the columns ``names``, each a parameter) if its submitter
+    has fewer than ``:cap`` queued (``:who`` names the token, if ``token``): the quota
+    check and the insert in one statement, one round trip."""
+    table = cast(Table, Experiment.__table__)
+    values = select(*(bindparam(n, type_=table.c[n].type) for n in names)).where(
+        _queued_of(token).scalar_subquery() < bindparam("cap")
+    )
+    # Whether it inserted is its row count, which SQLAlchemy reads for an INSERT only
+    # when asked to.
+    stmt = insert(table).from_select(list(names), values)
+    return stmt.execution_options(preserve_rowcount=True)
 
 
 def with_device(
@@ -173,9 +199,8 @@ def submit_once(
     scoped = None if idempotency_key is None else f"{submitted_by or '-'}:{idempotency_key}"
     if scoped is not None and (first := _by_key(session, scoped)) is not None:
         return answer(session, first, settings, now), True
-    check_quota(session, submitted_by, settings)
     if scoped is None:
-        row = submit(session, accepted, signal, now, submitted_by=submitted_by)
+        row = submit(session, accepted, settings, signal, now, submitted_by=submitted_by)
     else:
         try:
             # A savepoint: if a concurrent request with the same key commits first, the
@@ -184,6 +209,7 @@ def submit_once(
                 row = submit(
                     session,
                     accepted,
+                    settings,
                     signal,
                     now,
                     submitted_by=submitted_by,

@@ -59,8 +59,9 @@ def queue(
                 "on a machine with a GPU, or pass a device to queue it anyway"
             )
     spec = spec_of(name, run, device)
-    experiments.check_quota(session, submitted_by, settings)
     accepted = accept(spec, settings)  # a preset is small: planning it here is cheap
-    row = experiments.submit(session, accepted, signal, now, submitted_by=submitted_by, preset=name)
+    row = experiments.submit(
+        session, accepted, settings, signal, now, submitted_by=submitted_by, preset=name
+    )
     queue = experiments.queue_info(session, accepted, settings, now)
     return experiments.queued_out(row, accepted, queue)

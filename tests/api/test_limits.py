@@ -6,6 +6,7 @@ import threading
 
 import httpx
 
+from tests.api.test_auth import bearer, create_token
 from tests.conftest import LiveServer, make_settings
 from tests.helpers import ADD
 
@@ -53,6 +54,28 @@ def test_too_many_queued_is_429_with_retry_after(database_url: str) -> None:
             exp_id = c.get("/v1/experiments").json()["items"][0]["id"]
             c.post(f"/v1/experiments/{exp_id}/cancel")
             assert c.post("/v1/experiments", json=ADD).status_code == 202
+
+
+def test_the_queue_cap_counts_each_token_apart(database_url: str) -> None:
+    # The cap is checked by the INSERT itself: refused, nothing is queued; another
+    # token's queue is its own.
+    first, second = create_token(database_url, "submit"), create_token(database_url, "admin")
+    with LiveServer(make_settings(database_url, max_queued_per_token=2)) as live:
+        with httpx.Client(base_url=live.url) as c:
+            for _ in range(2):
+                assert c.post("/v1/experiments", json=ADD, headers=bearer(first)).status_code == 202
+            refused = c.post("/v1/experiments", json={**ADD, "tags": ["x"]}, headers=bearer(first))
+            assert refused.status_code == 429, refused.text
+            assert "2 experiments of yours are queued" in refused.json()["error"]["message"]
+            assert c.post("/v1/experiments", json=ADD, headers=bearer(second)).status_code == 202
+            listed = c.get("/v1/experiments", headers=bearer(second)).json()["items"]
+            assert len(listed) == 3
+            assert (
+                c.get("/v1/experiments", params={"tag": "x"}, headers=bearer(second)).json()[
+                    "items"
+                ]
+                == []
+            )
 
 
 def test_bodies_over_the_limit_are_413(database_url: str) -> None:
