@@ -2,14 +2,14 @@
 
 Real processes: the API and CPU workers started as `vramlab serve` / `vramlab worker`,
 killed with SIGKILL (process group: the worker, its forkserver and the running child),
-an API restarted, PostgreSQL restarted under load. Each test prints one summary line;
-docs/reliability.md quotes them.
+an API restarted, a PostgreSQL of the test's own restarted under load. Each test prints
+one summary line; docs/reliability.md quotes them.
 """
 
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +18,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
+from tests.e2e.pg import PrivatePostgres
 from tests.e2e.procs import env_for, kill_group, start, stop, wait_done, wait_ready, wait_status
 
 pytestmark = pytest.mark.slow
@@ -45,8 +46,8 @@ class Service:
         return "\n".join(p.read_text()[-1500:] for p in sorted(self.logs.glob("*.log")))
 
 
-@pytest.fixture
-def service(database_url: str, tmp_path: Path) -> Iterator[Service]:
+@contextmanager
+def running(database_url: str, tmp_path: Path) -> Iterator[Service]:
     url = f"http://127.0.0.1:{free_port()}"
     env = env_for(
         database_url,
@@ -66,6 +67,12 @@ def service(database_url: str, tmp_path: Path) -> Iterator[Service]:
         for proc in svc.workers:
             stop(proc)
         stop(svc.api)
+
+
+@pytest.fixture
+def service(database_url: str, tmp_path: Path) -> Iterator[Service]:
+    with running(database_url, tmp_path) as svc:
+        yield svc
 
 
 def submit_many(client: httpx.Client, n: int, seconds: float) -> list[str]:
@@ -147,23 +154,21 @@ def test_an_api_restart_loses_nothing(service: Service) -> None:
     print(f"\nAPI restart: submitted {len(ids)}, API killed once, lost 0")
 
 
-def _pg_ctl(action: str) -> None:
-    version = sorted(p.name for p in Path("/etc/postgresql").iterdir())[-1]
-    subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", action],
-        check=True,
-        capture_output=True,
-    )
+def test_a_postgres_restart_under_load_loses_nothing(database_url: str, tmp_path: Path) -> None:
+    """On a PostgreSQL cluster of the test's own (initdb in a temporary folder, its own
+    port), stopped and started under load: the machine's cluster is never touched."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("a PostgreSQL restart: runs once, with the postgres engine")
+    with PrivatePostgres(tmp_path / "pg") as pg, running(pg.url, tmp_path) as service:
+        _restart_under_load(service, pg)
 
 
-def test_a_postgres_restart_under_load_loses_nothing(service: Service, database_url: str) -> None:
-    if not database_url.startswith("postgresql") or shutil.which("pg_ctlcluster") is None:
-        pytest.skip("restarts the local PostgreSQL cluster; runs with the postgres engine only")
+def _restart_under_load(service: Service, pg: "PrivatePostgres") -> None:
     service.workers = [service.start_worker("w")]
     saw_503 = None
     with httpx.Client(base_url=service.url, timeout=30) as client:
         ids = submit_many(client, 8, seconds=0.3)
-        _pg_ctl("stop")
+        pg.ctl("stop", "-m", "fast")
         try:
             deadline = time.monotonic() + 20
             while saw_503 is None and time.monotonic() < deadline:
@@ -172,7 +177,7 @@ def test_a_postgres_restart_under_load_loses_nothing(service: Service, database_
                     saw_503 = r
                 time.sleep(0.1)
         finally:
-            _pg_ctl("start")
+            pg.ctl("start")
         done = finished(client, ids)
     assert saw_503 is not None and saw_503.headers["retry-after"]
     assert saw_503.json()["error"]["type"] == "unavailable"
