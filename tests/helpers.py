@@ -1,8 +1,10 @@
 """Small helpers the tests share: specs, a fake worker speaking the protocol."""
 
+import importlib.util
 from typing import Any
 
 import httpx
+import pytest
 
 from app.contract import MEMORY_KEYS
 
@@ -21,6 +23,21 @@ CUDA_CAPS: dict[str, Any] = {
     "torch": "test",
 }
 MEMORY = dict.fromkeys(MEMORY_KEYS, 0)
+
+
+def cuda_available() -> bool:
+    """Whether this machine has torch and a CUDA GPU it can use (torch imported only here)."""
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
+def needs_cuda() -> list[pytest.MarkDecorator]:
+    """The marks of a test module that means something only on a GPU:
+    ``pytestmark = needs_cuda()`` (marked ``cuda``; skipped, saying why, without one)."""
+    return [pytest.mark.cuda, pytest.mark.skipif(not cuda_available(), reason="needs a CUDA GPU")]
 
 
 def submit(

@@ -15,16 +15,9 @@ import pytest
 
 from tests.conftest import free_port
 from tests.e2e.procs import VRAMLAB, env_for, kill_group, start, stop, wait_done, wait_ready
+from tests.helpers import cuda_available
 
 pytestmark = pytest.mark.slow
-
-
-def _cuda_available() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return bool(torch.cuda.is_available())
 
 
 @pytest.fixture
@@ -35,7 +28,7 @@ def service(database_url: str, tmp_path: Path) -> Iterator[str]:
 
 @pytest.fixture
 def cuda_service(tmp_path: Path) -> Iterator[str]:
-    if not _cuda_available():
+    if not cuda_available():
         pytest.skip("needs a CUDA GPU")
     yield from _service(f"sqlite:///{tmp_path / 'cuda.db'}", tmp_path, "cuda")
 
@@ -294,7 +287,7 @@ def test_ctrl_c_stops_vramlab_up_at_once(tmp_path: Path) -> None:
 def test_vramlab_up_without_its_worker_stops(tmp_path: Path) -> None:
     """`up --device cuda` on a host with no GPU: the worker refuses to start, and `up`
     says so and exits rather than serve an API that nothing would run work for."""
-    if _cuda_available():
+    if cuda_available():
         pytest.skip("this host has a GPU")
     port = free_port()
     log = tmp_path / "up.log"

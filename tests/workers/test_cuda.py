@@ -4,29 +4,17 @@ Run on a GPU host with ``pytest -m cuda tests/workers``; skipped cleanly without
 """
 
 import gzip
-import importlib.util
 import json
 from typing import Any
 
 import pytest
 
+from tests.helpers import needs_cuda
 from tests.workers.conftest import SpecFactory, build_spec
 from tests.workers.test_scenario import scenario_spec
 from workers.runner import Outcome, Runner
 
-
-def _cuda_available() -> bool:
-    if importlib.util.find_spec("torch") is None:
-        return False
-    import torch
-
-    return bool(torch.cuda.is_available())
-
-
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU"),
-]
+pytestmark = needs_cuda()
 
 
 def succeeded(outcome: Outcome) -> dict[str, Any]:

@@ -12,29 +12,17 @@ refuses with shared) take a clean process. An out-of-memory retires the process.
 """
 
 import gzip
-import importlib.util
 import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from tests.helpers import needs_cuda
 from tests.workers.conftest import CheckedRunner, SpecFactory
 from workers.runner import Outcome, Runner
 
-
-def _cuda_available() -> bool:
-    if importlib.util.find_spec("torch") is None:
-        return False
-    import torch
-
-    return bool(torch.cuda.is_available())
-
-
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU"),
-]
+pytestmark = needs_cuda()
 CUBLAS_WORKSPACE = 32 * 2**20
 RUNS = 3  # one process's first, second and third experiment
 

@@ -6,7 +6,6 @@ allocated and reserved still start at zero, and allocator settings still apply.
 """
 
 import gzip
-import importlib.util
 import json
 import threading
 from collections.abc import Iterator
@@ -14,22 +13,11 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import needs_cuda
 from tests.workers.conftest import SpecFactory
 from workers.runner import Outcome, Runner
 
-
-def _cuda_available() -> bool:
-    if importlib.util.find_spec("torch") is None:
-        return False
-    import torch
-
-    return bool(torch.cuda.is_available())
-
-
-pytestmark = [
-    pytest.mark.cuda,
-    pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA GPU"),
-]
+pytestmark = needs_cuda()
 CUBLAS_WORKSPACE = 32 * 2**20
 
 

@@ -10,13 +10,8 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer, fresh_database, make_settings
+from tests.helpers import cuda_available
 from workers.cli import EXIT_REFUSED, EXIT_UNFIT
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return bool(torch.cuda.is_available())
 
 
 @pytest.fixture
@@ -59,7 +54,7 @@ def test_a_worker_without_its_packages_exits_before_registering(
 
 
 def test_a_cuda_worker_without_a_gpu_exits_before_registering(api: LiveServer) -> None:
-    if _cuda_available():
+    if cuda_available():
         pytest.skip("this host has a GPU")
     done = worker(api.url, "--device", "cuda")
     assert done.returncode == EXIT_UNFIT, done.stderr
