@@ -91,6 +91,7 @@ MAX_TRACE_CHUNK_BYTES = 32 * 2**20
 MAX_TRACE_CHUNK_EVENTS = 100_000
 TRACE_CHUNK_EXPANSION = 8
 
+
 class Figure(StrEnum):
     """The names of the v1 memory figures (``result.memory``'s keys), for code that
     reads them out of plain data (comparisons, counters, sweep rows)."""

@@ -22,7 +22,7 @@ from app.api import origins
 from app.core.config import Settings
 from app.core.db import Database
 from app.errors import Forbidden, Unauthorized
-from app.models import Experiment, Worker
+from app.models import Experiment
 from app.services import auth, experiments, sessions, workers
 from app.services.signals import WorkSignal
 
@@ -253,14 +253,11 @@ def worker_of_experiment(
 ) -> None:
     """The worker protocol's calls on a claimed experiment come only from a worker token,
     the one whose worker claimed it (the lease token is checked after, by the route). In
-    a short read
-    session of its own, closed before the route opens the request's (one connection at a
-    time; the trace upload takes no request session at all)."""
+    a short read session of its own, closed before the route opens the request's (one
+    connection at a time; the trace upload takes no request session at all)."""
     with db.session(write=False) as s:
         who = _check("worker", _resolve(request, s, settings, credentials))
-        exp = s.get(Experiment, experiment_id)
-        worker = s.get(Worker, exp.worker_id) if exp is not None and exp.worker_id else None
-        if worker is not None and not workers.may_act_as(who, worker):
+        if not workers.may_act_for_claim(s, experiment_id, who):
             raise Forbidden(f"experiment {experiment_id} was claimed by another token's worker")
 
 

@@ -52,6 +52,19 @@ def may_act_as(who: Principal, worker: Worker) -> bool:
     return who.id == worker.registered_by or who.allows("admin")
 
 
+def may_act_for_claim(session: Session, experiment_id: str, who: Principal) -> bool:
+    """Whether ``who`` may speak for the worker that claimed this experiment: true when
+    nobody (or no known worker) holds it, which the lease check then settles. One
+    indexed look-up of two short columns, not the experiment's row."""
+    stmt = (
+        select(Worker.registered_by)
+        .join(Experiment, Experiment.worker_id == Worker.id)
+        .where(Experiment.id == experiment_id)
+    )
+    found = session.execute(stmt).first()
+    return found is None or who.id == found[0] or who.allows("admin")
+
+
 def get_for(session: Session, worker_id: str, who: Principal) -> Worker:
     """The worker, if this caller may act as it; another token's worker is not found."""
     worker = session.get(Worker, worker_id)
