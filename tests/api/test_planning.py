@@ -12,6 +12,7 @@ import pytest
 
 from app.catalog.scenario import MAX_TENSOR_STEPS
 from app.services import specs, sweeps
+from tests.api.test_auth import bearer, create_token
 from tests.conftest import LiveServer, make_settings
 from tests.helpers import ADD
 
@@ -133,3 +134,15 @@ def test_a_submit_is_answered_while_another_is_being_planned(
             release.set()
             thread.join(90)
     assert statuses == [202]
+
+
+def test_the_caller_is_checked_before_anything_is_planned(database_url: str) -> None:
+    """A caller without the right token learns only that (401/403), whatever its spec
+    would cost to plan: planning is work the service does for callers it knows."""
+    reader = create_token(database_url, "read")
+    with LiveServer(make_settings(database_url)) as live, httpx.Client(base_url=live.url) as c:
+        for spec in (HEAVY, ISSUE_740):
+            anonymous = c.post("/v1/experiments", json=spec)
+            assert anonymous.status_code == 401, anonymous.text
+            read_only = c.post("/v1/experiments", json=spec, headers=bearer(reader))
+            assert read_only.status_code == 403, read_only.text
