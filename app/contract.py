@@ -148,6 +148,11 @@ class _AllocatorFigures(_Model):
     delta_allocated: int
 
 
+# The figures the caching allocator gives (no host or device-level ones): what must agree
+# between two runs of one spec, wherever they ran.
+ALLOCATOR_KEYS = tuple(_AllocatorFigures.model_fields)
+
+
 class MemoryFigures(_AllocatorFigures):
     """The op's figures (for a scenario: from its first step to its last), in bytes.
 

@@ -12,19 +12,11 @@ from typing import Any
 import psutil
 import pytest
 
+from app.contract import ALLOCATOR_KEYS
 from tests.workers.conftest import CheckedRunner, SpecFactory
 from workers.runner import Outcome, Runner
 
 MiB = 2**20
-ALLOCATOR_FIGURES = (
-    "allocated_before",
-    "allocated_after",
-    "allocated_peak",
-    "reserved_before",
-    "reserved_after",
-    "reserved_peak",
-    "delta_allocated",
-)
 
 
 @pytest.fixture
@@ -53,7 +45,7 @@ def trace_of(outcome: Outcome) -> list[tuple[str, int, str]]:
 
 def figures(result: dict[str, Any]) -> dict[str, Any]:
     return {
-        "memory": {k: result["memory"][k] for k in ALLOCATOR_FIGURES},
+        "memory": {k: result["memory"][k] for k in ALLOCATOR_KEYS},
         "phases": [
             (p["name"], p["allocated_start"], p["allocated_peak"]) for p in result["phases"]
         ],
