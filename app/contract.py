@@ -234,6 +234,73 @@ class Environment(_Model):
     experiments_before: int | None = Field(default=None, ge=0)
 
 
+class Category(StrEnum):
+    """What a block of memory held at a peak: the one vocabulary of model experiments,
+    recordings and imported snapshots (``unknown``: the evidence does not decide; never a
+    confident wrong category)."""
+
+    PARAMETERS = "parameters"
+    GRADIENTS = "gradients"
+    OPTIMIZER_STATE = "optimizer_state"
+    ACTIVATIONS = "activations"
+    # Temporaries of an op and library workspaces (cuBLAS/cuDNN handles' workspaces).
+    TEMPORARIES = "temporaries"
+    OTHER = "other"
+    UNKNOWN = "unknown"
+
+
+CATEGORY_KEYS = tuple(str(c) for c in Category)
+
+
+class Categories(_Model):
+    """Bytes held at a peak, by category (allocated bytes, the caching allocator's view)."""
+
+    parameters: int = Field(default=0, ge=0)
+    gradients: int = Field(default=0, ge=0)
+    optimizer_state: int = Field(default=0, ge=0)
+    activations: int = Field(default=0, ge=0)
+    temporaries: int = Field(default=0, ge=0)
+    other: int = Field(default=0, ge=0)
+    unknown: int = Field(default=0, ge=0)
+
+
+class PhasePeak(_Model):
+    """One phase of a model step (forward, backward, optimizer): its own peaks."""
+
+    name: str
+    peak_allocated: int = Field(ge=0)
+    peak_reserved: int = Field(ge=0)
+    allocated_end: int | None = Field(default=None, ge=0)
+    wall_s: float | None = None
+
+
+class ModelStep(_Model):
+    """One step of a model experiment (a training step, a forward pass, a generation)."""
+
+    step: int = Field(ge=1)
+    peak_allocated: int = Field(ge=0)
+    peak_reserved: int = Field(ge=0)
+    phases: list[PhasePeak] = Field(default_factory=list)
+    wall_s: float | None = None
+
+
+class ModelFigures(_Model):
+    """What a model experiment measured beyond the memory figures: the model, each step,
+    the reported step's peaks (step 2 of a training run: optimizer state exists) and speed."""
+
+    model: str
+    model_type: str
+    task: Literal["train", "inference", "generate"]
+    parameter_count: int = Field(ge=0)
+    reported_step: int = Field(ge=1)
+    peak_allocated: int = Field(ge=0)
+    peak_reserved: int = Field(ge=0)
+    steps: list[ModelStep] = Field(default_factory=list)
+    time_per_step_s: float | None = None
+    samples_per_s: float | None = None
+    tokens_per_s: float | None = None
+
+
 class TensorPrediction(_Model):
     name: str
     shape: list[int]
@@ -266,6 +333,10 @@ class Prediction(_Model):
     # A scenario's: the most its named tensors hold at once, and each top-level step.
     peak_named_bytes: int | None = None
     steps: list[StepPrediction] | None = None
+    # A model experiment's: the predicted peak of its reported step, and what holds it.
+    peak_allocated: int | None = None
+    peak_reserved: int | None = None
+    categories: Categories | None = None
 
 
 class TensorInfo(_Model):
@@ -365,6 +436,9 @@ class Result(_Model):
     # What the op itself reported (modules, autograd, sections, dtype support): op-specific.
     details: dict[str, Any] | None = None
     steps: list[Step] | None = None
+    # A model experiment's: what held memory at the reported step's peak, and its figures.
+    categories: Categories | None = None
+    model: ModelFigures | None = None
 
 
 class SnapshotFigures(_AllocatorFigures):
