@@ -16,6 +16,7 @@ from app.catalog.families import (
     elementwise,
     layout,
     linalg,
+    model,
     modules,
     reduction,
     transfer,
@@ -33,6 +34,7 @@ _FAMILIES = (
     copies,
     transfer,
     modules,
+    model,
     checks,
     diagnostic,
 )

@@ -18,7 +18,35 @@ MAX_DIM_SIZE = 2**31 - 1
 # Dtypes autograd can differentiate (float8 cannot).
 GRAD_DTYPES = tuple(d for d in (*FLOATING_DTYPES, *COMPLEX_DTYPES) if not d.startswith("float8"))
 
-ParamKind = Literal["int", "float", "bool", "shape", "dtype", "device", "choice"]
+ParamKind = Literal["int", "float", "bool", "shape", "dtype", "device", "choice", "text", "mapping"]
+
+MAX_TEXT = 200
+# A mapping param (a model's config overrides): bounded in keys, nesting and sizes.
+MAX_MAPPING_KEYS = 64
+MAX_MAPPING_LIST = 64
+
+
+def _check_mapping_value(value: Any, field: str) -> Any:
+    if value is None or isinstance(value, bool | str):
+        if isinstance(value, str) and len(value) > MAX_TEXT:
+            raise CatalogError(field, f"is longer than {MAX_TEXT} characters")
+        return value
+    if isinstance(value, int | float):
+        if isinstance(value, int) and not -(2**63) <= value < 2**63:
+            raise CatalogError(field, "must fit in 64 bits")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise CatalogError(field, "must be finite")
+        return value
+    if isinstance(value, list):
+        if len(value) > MAX_MAPPING_LIST:
+            raise CatalogError(field, f"has {len(value)} items; at most {MAX_MAPPING_LIST}")
+        out = []
+        for i, item in enumerate(value):
+            if isinstance(item, list | dict):
+                raise CatalogError(f"{field}[{i}]", "must be a number, string, bool or null")
+            out.append(_check_mapping_value(item, f"{field}[{i}]"))
+        return out
+    raise CatalogError(field, "must be a number, string, bool, null or a list of them")
 
 
 class CatalogError(ValueError):
@@ -94,6 +122,21 @@ class Param:
                 return canonical_device(value)
             except ValueError as exc:
                 raise CatalogError(field, str(exc)) from exc
+        if self.kind == "text":
+            if not isinstance(value, str) or not value or len(value) > MAX_TEXT:
+                raise CatalogError(field, f"must be a string of 1 to {MAX_TEXT} characters")
+            return value
+        if self.kind == "mapping":
+            if not isinstance(value, dict):
+                raise CatalogError(field, "must be an object of names to values")
+            if len(value) > MAX_MAPPING_KEYS:
+                raise CatalogError(field, f"has {len(value)} keys; at most {MAX_MAPPING_KEYS}")
+            out: dict[str, Any] = {}
+            for key, item in value.items():
+                if not key.isidentifier() or len(key) > 64:
+                    raise CatalogError(f"{field}.{key[:64]}", "is not a config name")
+                out[key] = _check_mapping_value(item, f"{field}.{key}")
+            return out
         if value not in self.choices:
             raise CatalogError(field, f"must be one of {', '.join(self.choices)}")
         return value

@@ -1,0 +1,212 @@
+"""Model experiments: a real model's training step, forward pass or generation.
+
+The model comes from transformers (a preset's config, or any model_type the Auto classes
+build, with config overrides; random weights, never downloaded). Its memory is predicted
+by the model predictor (workers/models/predict.py, run beside the API in a child process
+because the API never imports torch) and measured by the worker (workers/models/).
+"""
+
+from __future__ import annotations
+
+from app.catalog.families.common import Params, Shape
+from app.catalog.model import CatalogError, OpEntry, Param, TensorPlan
+from app.catalog.model_zoo import KINDS, UnknownModel, resolve
+
+TASKS = ("train", "inference", "generate")
+PRECISIONS = ("fp32", "bf16", "fp16", "bf16-autocast", "fp16-autocast")
+OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adafactor")
+OPTIMIZER_IMPLS = ("default", "for-loop", "foreach", "fused")
+ATTENTIONS = ("sdpa", "eager")
+# Which implementations each optimizer has in PyTorch.
+_IMPLS = {
+    "sgd": ("default", "for-loop", "foreach", "fused"),
+    "sgd-momentum": ("default", "for-loop", "foreach", "fused"),
+    "adam": ("default", "for-loop", "foreach", "fused"),
+    "adamw": ("default", "for-loop", "foreach", "fused"),
+    "adafactor": ("default", "for-loop", "foreach"),
+}
+# Config names that bound the sequence length, by what transformers calls them.
+_POSITION_KEYS = ("n_positions", "max_position_embeddings")
+_POSITIONS_DEFAULT = {"gpt2": 1024, "bert": 512}
+
+MODEL_CAVEAT = (
+    "a model's peak is predicted by tracing its step on meta tensors with a model of the "
+    "caching allocator; library workspaces and kernels' internal buffers are estimated"
+)
+
+
+def check_model(params: Params) -> None:
+    """Cross-field rules of a model spec; raise CatalogError naming the field at fault."""
+    try:
+        resolved = resolve(params["model"], params["head"])
+    except UnknownModel as exc:
+        raise CatalogError("params.model", str(exc)) from None
+    task, kind = params["task"], resolved.kind
+    image = kind == "image-classification"
+    if task == "generate" and kind not in ("causal-lm", "seq2seq-lm"):
+        raise CatalogError(
+            "params.task", f"a {kind} model does not generate; use train or inference"
+        )
+    if image and params["seq_len"] is not None:
+        raise CatalogError("params.seq_len", "an image model takes image_size, not seq_len")
+    if not image and params["image_size"] is not None:
+        raise CatalogError("params.image_size", "a text model takes seq_len, not image_size")
+    if params["precision"] == "fp16-autocast" and task != "train":
+        pass  # autocast without a scaler is fine for inference
+    if params["checkpointing"] and task != "train":
+        raise CatalogError("params.checkpointing", "activation checkpointing only helps training")
+    if params["micro_batches"] > 1:
+        if task != "train":
+            raise CatalogError("params.micro_batches", "micro-batches are for training")
+        if params["batch_size"] % params["micro_batches"]:
+            raise CatalogError(
+                "params.micro_batches",
+                f"batch_size {params['batch_size']} must divide by micro_batches "
+                f"{params['micro_batches']}",
+            )
+    if params["new_tokens"] is not None and task != "generate":
+        raise CatalogError("params.new_tokens", "new_tokens is for task 'generate'")
+    if params["steps"] < 2 and task == "train":
+        raise CatalogError(
+            "params.steps", "a training run needs 2 steps: step 2 is where optimizer state exists"
+        )
+    impl, optimizer = params["optimizer_impl"], params["optimizer"]
+    if impl not in _IMPLS[optimizer]:
+        raise CatalogError(
+            "params.optimizer_impl",
+            f"{optimizer} has no {impl} implementation; it has {', '.join(_IMPLS[optimizer])}",
+        )
+    config = {**resolved.config, **(params["config"] or {})}
+    limit = next((config[k] for k in _POSITION_KEYS if k in config), None)
+    limit = limit or _POSITIONS_DEFAULT.get(resolved.model_type)
+    seq_len = params["seq_len"] or 0
+    if task == "generate":
+        seq_len += params["new_tokens"] or 16
+    if isinstance(limit, int) and seq_len > limit:
+        raise CatalogError(
+            "params.seq_len",
+            f"{resolved.name} has {limit} positions; seq_len (plus new_tokens when generating) "
+            f"is {seq_len}",
+        )
+
+
+def _plan(shape: Shape, params: Params, dtype: str, device: str) -> TensorPlan:
+    if shape:
+        raise CatalogError(
+            "shape", "a model experiment takes shape []: batch_size and seq_len are params"
+        )
+    check_model(params)
+    return TensorPlan(inputs=(), outputs=(), caveats=(MODEL_CAVEAT,))
+
+
+ENTRIES = (
+    OpEntry(
+        "model",
+        "a real model's training step, forward pass or generation (transformers, random "
+        "weights): peaks per phase and step, and what held memory at the peak by category",
+        _plan,
+        params=(
+            Param(
+                "model",
+                "text",
+                "a preset (gpt2, llama-8b, ...) or a transformers model_type",
+                required=True,
+            ),
+            Param("config", "mapping", 'config overrides, e.g. {"n_layer": 6}', default=None),
+            Param(
+                "head",
+                "choice",
+                "which Auto class builds a model_type (default: its first)",
+                default=None,
+                choices=KINDS,
+            ),
+            Param(
+                "task",
+                "choice",
+                "train (two steps, step 2 reported), inference or generate",
+                default="train",
+                choices=TASKS,
+            ),
+            Param("batch_size", "int", "samples per step", default=1, minimum=1, maximum=65536),
+            Param(
+                "seq_len",
+                "int",
+                "tokens per sample (text models; default 128)",
+                default=None,
+                minimum=1,
+                maximum=1048576,
+            ),
+            Param(
+                "image_size",
+                "int",
+                "pixels per side (image models; default the config's)",
+                default=None,
+                minimum=8,
+                maximum=8192,
+            ),
+            Param(
+                "precision",
+                "choice",
+                "weights dtype, or fp32 weights under autocast",
+                default="fp32",
+                choices=PRECISIONS,
+            ),
+            Param(
+                "optimizer",
+                "choice",
+                "the optimizer of a training step",
+                default="adamw",
+                choices=OPTIMIZERS,
+            ),
+            Param(
+                "optimizer_impl",
+                "choice",
+                "PyTorch's implementation of the optimizer",
+                default="default",
+                choices=OPTIMIZER_IMPLS,
+            ),
+            Param(
+                "checkpointing",
+                "bool",
+                "activation checkpointing (gradient checkpointing)",
+                default=False,
+            ),
+            Param(
+                "micro_batches",
+                "int",
+                "gradient accumulation: micro-batches per step",
+                default=1,
+                minimum=1,
+                maximum=1024,
+            ),
+            Param(
+                "new_tokens",
+                "int",
+                "tokens decoded after the prefill (generate; default 16)",
+                default=None,
+                minimum=1,
+                maximum=8192,
+            ),
+            Param(
+                "attention",
+                "choice",
+                "attention implementation",
+                default="sdpa",
+                choices=ATTENTIONS,
+            ),
+            Param(
+                "steps", "int", "steps run; the last is reported", default=2, minimum=1, maximum=10
+            ),
+            Param(
+                "capacity_bytes",
+                "int",
+                "emulate a smaller card: the memory this run may use",
+                default=None,
+                minimum=1,
+            ),
+        ),
+        dtypes=("float32",),
+        devices=("cpu", "cuda"),
+        tags=("model",),
+    ),
+)
