@@ -297,7 +297,7 @@ def resolve(name: str, head: str | None = None) -> Resolved:
                 raise UnknownModel(
                     f"transformers builds {name!r} as {', '.join(kinds)}, not as {head}"
                 )
-            return Resolved(name, name, head, {}, None)  # type: ignore[arg-type]
+            return Resolved(name, name, head, {}, None)
         return Resolved(name, name, kinds[0], {}, None)
     if "/" in name:
         raise UnknownModel(

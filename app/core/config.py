@@ -41,6 +41,13 @@ class Settings(BaseSettings):
     # The tensors a spec predicts (inputs and outputs) may not pass this many bytes.
     max_experiment_bytes: int = 16 * 2**30
     max_timeout_s: float = 3600.0
+    # Model experiments are predicted before they queue, by a warm child process of each
+    # API process (torch and transformers beside the API; without them, no prediction).
+    model_predictions: bool = True
+    # One prediction's limit (the first includes importing torch and transformers), and
+    # how long a request waits while the predictor answers another.
+    model_predict_timeout_s: float = Field(default=120.0, gt=0)
+    model_predict_wait_s: float = Field(default=30.0, gt=0)
     max_repeat: int = 1000
     # Ops tagged `diagnostic` (sleep, abort) exist to test timeouts and crashes.
     diagnostic_ops: bool = False

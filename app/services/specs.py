@@ -16,6 +16,9 @@ from app.core.config import Settings
 from app.core.units import human_bytes
 from app.errors import InvalidSpec
 from app.schemas.spec import ExperimentSpec
+from app.services import predictor as predictor_service
+
+MODEL_OP = "model"
 
 
 @dataclass(frozen=True)
@@ -70,8 +73,48 @@ def _plan(spec: ExperimentSpec, device: str, cache: PlanCache | None) -> _Planne
     return _Planned(params, plan.total_bytes, plan.devices, plan.prediction(device))
 
 
+def _predict_model(
+    spec: ExperimentSpec, params: dict[str, Any], device: str, settings: Settings
+) -> dict[str, Any]:
+    """A model spec's predicted peak, categories and caveats (prediction fields), or a
+    caveat saying why there is none; 422 when its predicted peak passes the service's cap
+    (unless ``capacity_bytes`` already bounds the run below the cap)."""
+    device_type = "cpu" if device == "cpu" else "cuda"
+    predictor = (
+        predictor_service.shared(settings.model_predict_timeout_s, settings.model_predict_wait_s)
+        if settings.model_predictions
+        else None
+    )
+    if predictor is None:
+        return {"caveats": [predictor_service.UNAVAILABLE]}
+    try:
+        answer = predictor.predict(params, device_type)
+    except CatalogError as exc:
+        raise InvalidSpec(exc.field, exc.message) from None
+    capacity = params.get("capacity_bytes")
+    bounded = capacity is not None and capacity <= settings.max_experiment_bytes
+    if answer.peak_allocated > settings.max_experiment_bytes and not bounded:
+        raise InvalidSpec(
+            "params",
+            f"the step is predicted to peak at {human_bytes(answer.peak_allocated)} "
+            f"({answer.peak_allocated} bytes); this service allows at most "
+            f"{human_bytes(settings.max_experiment_bytes)} (VRAMLAB_MAX_EXPERIMENT_BYTES). "
+            f"Make it smaller (batch_size, seq_len, checkpointing, precision) or set "
+            f"capacity_bytes to bound the run",
+        )
+    return {
+        "peak_allocated": answer.peak_allocated,
+        "peak_reserved": answer.peak_reserved,
+        "categories": answer.categories,
+        "caveats": list(answer.caveats),
+    }
+
+
 def accept(
-    spec: ExperimentSpec, settings: Settings, cache: PlanCache | None = None
+    spec: ExperimentSpec,
+    settings: Settings,
+    cache: PlanCache | None = None,
+    predict_models: bool = True,
 ) -> AcceptedSpec:
     """Check a spec against the catalog and the limits; raise InvalidSpec naming every
     field that is wrong (all at once, so a client fixes them in one go).
@@ -125,6 +168,24 @@ def accept(
             f"the tensors would take {human_bytes(plan.total_bytes)}; this service allows at most "
             f"{human_bytes(settings.max_experiment_bytes)} (VRAMLAB_MAX_EXPERIMENT_BYTES)",
         )
+    prediction = plan.prediction
+    if spec.op == MODEL_OP:
+        if (plan.params.get("capacity_bytes") or 0) > settings.max_experiment_bytes and (
+            device == "cpu"
+        ):
+            raise InvalidSpec(
+                "params.capacity_bytes",
+                f"on the CPU the emulated card is the run's byte cap, and this service allows "
+                f"at most {human_bytes(settings.max_experiment_bytes)} "
+                f"(VRAMLAB_MAX_EXPERIMENT_BYTES)",
+            )
+        extra = (
+            _predict_model(spec, plan.params, device, settings)
+            if predict_models
+            else {"caveats": ["not predicted: a sweep's model points are measured only"]}
+        )
+        caveats = [*prediction.get("caveats", []), *extra.pop("caveats")]
+        prediction = {**prediction, **extra, "caveats": caveats}
     cuda_indexes = [parse_device(d)[1] for d in plan.devices if d.startswith("cuda")]
     # Tags as stored: each once, in the order given.
     tags = list(dict.fromkeys(spec.tags))
@@ -133,6 +194,6 @@ def accept(
         spec=accepted,
         device_type="cuda" if cuda_indexes else "cpu",
         gpus_needed=max(cuda_indexes) + 1 if cuda_indexes else 0,
-        prediction=plan.prediction,
+        prediction=prediction,
         plan_steps=plan.planned,
     )

@@ -117,7 +117,7 @@ def plan(
             field = ".".join(str(p) for p in first["loc"]) or "spec"
             raise _point_error(i, values, field, first["msg"]) from None
         try:
-            point = accept(spec, settings, cache)
+            point = accept(spec, settings, cache, predict_models=False)
         except InvalidSpec as exc:
             detail = exc.details[0] if exc.details else {"field": "spec", "message": exc.message}
             raise _point_error(i, values, detail["field"], detail["message"]) from None
