@@ -292,6 +292,11 @@ class ModelFigures(_Model):
     model_type: str
     task: Literal["train", "inference", "generate"]
     parameter_count: int = Field(ge=0)
+    # What the model's objects hold after the reported step (storages, allocator-rounded on
+    # CUDA): its parameters, its gradients and its optimizer's state on the device.
+    parameter_bytes: int | None = Field(default=None, ge=0)
+    gradient_bytes: int | None = Field(default=None, ge=0)
+    optimizer_state_bytes: int | None = Field(default=None, ge=0)
     reported_step: int = Field(ge=1)
     peak_allocated: int = Field(ge=0)
     peak_reserved: int = Field(ge=0)

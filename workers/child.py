@@ -33,6 +33,7 @@ from app.contract import KEEPS_RESULT, ErrorType, Isolation, Status
 from workers import allocator, limits, notes, scenario, sections, shared
 from workers.errors import OpFailure, call, classify, error, oom_details
 from workers.measure import Meter, fill_from_events
+from workers.models import report as model_report
 from workers.ops import Inputs, Op, OpContext, as_tuple, op_for, torch_dtype
 from workers.placement import CopyWatcher, placement
 from workers.result import build_result
@@ -268,6 +269,9 @@ def run_experiment(
     details = {**body.extras}
     if sections.records():
         details["sections"] = sections.records()
+    model_report.finish(result, details, sections.records())
+    if body.error is None and result.get("model"):
+        body.error = limits.past_capacity(spec, result["model"]["peak_allocated"])
     if details:
         result["details"] = details
     err = body.error
@@ -285,6 +289,7 @@ def run_experiment(
             )
         return {"status": Status.FAILED, "result": None, "error": err, "trace_events": 0}
     result["notes"] = notes.write(spec, result, figures, trace.events, err, init_rss, runs_before)
+    result["notes"] += model_report.notes(result, spec)
     stages.mark("notes")
     count = 0
     if spec.get("trace", "events") == "none":
@@ -361,6 +366,8 @@ def run_op(
     op: Op, inputs: Inputs, ctx: OpContext, spec: dict[str, Any], meter: Meter
 ) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
     warmup, repeat = int(spec.get("warmup", 1)), int(spec.get("repeat", 3))
+    if op.runs_once:
+        warmup, repeat = 0, 1
     outputs: tuple[torch.Tensor, ...] = ()
     for _ in range(warmup):
         outputs = ()  # drop the last output first: the peak shows one call's needs

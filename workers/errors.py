@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from app.catalog import CatalogError
 from app.contract import ErrorType
 from workers import limits
 from workers.measure import PhaseRecord
@@ -72,6 +73,18 @@ def classify(
             # Now, while what the op held is still alive: the allocator as it failed.
             failed["details"]["allocator"] = allocator_snapshot(device)
         return failed
+    if isinstance(exc, CatalogError):  # a model the worker found it cannot build as asked
+        return error(
+            ErrorType.INVALID_SPEC, exc, "change the field it names", {**name, "field": exc.field}
+        )
+    if isinstance(exc, ModuleNotFoundError) and exc.name in ("transformers", "accelerate"):
+        return error(
+            ErrorType.UNSUPPORTED_ON_DEVICE,
+            exc,
+            "model experiments need transformers beside this worker: install "
+            "vramlab[worker,models]",
+            name,
+        )
     if any(p in message for p in _DEVICE_MISMATCH):
         devices = (extras or {}).get("input_devices") or {}
         return error(

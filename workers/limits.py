@@ -48,6 +48,9 @@ class Limit:
     cpu_previous: int = resource.RLIM_INFINITY  # the soft limit before ours
     host_available: int | None = None  # set when the host's memory, not the cap, binds
     cuda: list[int] = field(default_factory=list)  # GPU indexes whose allocator is capped
+    # A model experiment's emulated card (params.capacity_bytes), when it binds before the
+    # service's cap: on CUDA its allocator may reserve no more (a full card is an ``oom``).
+    capacity: int | None = None
 
 
 _active: Limit | None = None
@@ -58,9 +61,18 @@ def apply(spec: dict[str, Any], device: torch.device) -> Limit | None:
     global _active
     release()  # a shared child runs spec after spec: each starts from no limit
     cap = spec.get("memory_limit_bytes")
+    capacity = capacity_of(spec)
+    if (
+        capacity is not None
+        and device.type == "cuda"
+        and (not isinstance(cap, int) or capacity < cap)
+    ):
+        cap = capacity
+    else:
+        capacity = None
     if not isinstance(cap, int) or isinstance(cap, bool) or cap <= 0:
         return None
-    limit = Limit(cap)
+    limit = Limit(cap, capacity=capacity)
     devices = {str(device), *((spec.get("prediction") or {}).get("devices") or [])}
     cuda = sorted({torch.device(d).index or 0 for d in devices if d.startswith("cuda")})
     if cuda:
@@ -90,6 +102,28 @@ def apply(spec: dict[str, Any], device: torch.device) -> Limit | None:
         limit.cpu_ceiling = ceiling
     _active = limit
     return limit
+
+
+def capacity_of(spec: dict[str, Any]) -> int | None:
+    """A model experiment's emulated card, in bytes (None: the whole device)."""
+    value = (spec.get("params") or {}).get("capacity_bytes") if spec.get("op") == "model" else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def past_capacity(spec: dict[str, Any], peak: int) -> dict[str, Any] | None:
+    """On the CPU the emulated card is judged after the run: a peak past it is an ``oom``
+    (the run itself is held only by the service's cap, to keep the host safe)."""
+    capacity = capacity_of(spec)
+    if capacity is None or peak <= capacity or str(spec.get("device")) != "cpu":
+        return None
+    return {
+        "type": ErrorType.OOM.value,
+        "message": f"the step peaked at {human_bytes(peak)} ({peak} bytes); the emulated card "
+        f"holds {human_bytes(capacity)} (capacity_bytes {capacity}), so it would not fit",
+        "hint": "on the CPU the emulated card is checked against the measured peak after "
+        "the run; on CUDA the allocator itself is capped",
+        "details": {"capacity_bytes": capacity, "peak_allocated": peak, "emulated": True},
+    }
 
 
 def active() -> Limit | None:
@@ -155,6 +189,16 @@ def explain(exc: BaseException, spec: dict[str, Any]) -> dict[str, Any] | None:
     else:
         return None
     asked = "more memory" if requested is None else human_bytes(requested)
+    if limit.capacity is not None:
+        details["capacity_bytes"] = limit.capacity
+        return {
+            "type": ErrorType.OOM.value,
+            "message": f"out of memory: the run asked for {asked} {where}, and the emulated "
+            f"card holds {human_bytes(limit.capacity)} (capacity_bytes {limit.capacity})",
+            "hint": "a smaller batch or sequence, checkpointing, bf16 or micro-batches "
+            "may make it fit; a fit search (POST /v1/fits) finds the largest that does",
+            "details": details,
+        }
     return {
         "type": ErrorType.MEMORY_LIMIT.value,
         "message": (

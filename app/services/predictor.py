@@ -37,9 +37,12 @@ UNAVAILABLE = (
 
 @dataclass(frozen=True)
 class ModelPrediction:
-    peak_allocated: int
-    peak_reserved: int
-    categories: dict[str, int]
+    """A predicted peak; ``None`` figures where the step could not be traced (the
+    caveats say why: the spec still runs, measured only)."""
+
+    peak_allocated: int | None
+    peak_reserved: int | None
+    categories: dict[str, int] | None
     caveats: tuple[str, ...] = ()
     seconds: float = 0.0
 
@@ -144,6 +147,8 @@ class Predictor:
                 f"the model predictor did not answer within {self.timeout_s:g} s", retry_after=5
             ) from None
         error = answer.get("error")
+        if error is not None and error.get("unpredictable"):
+            return ModelPrediction(None, None, None, (str(error.get("message")),))
         if error is not None:
             return CatalogError(str(error.get("field", "params")), str(error.get("message")))
         return ModelPrediction(

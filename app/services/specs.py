@@ -93,6 +93,8 @@ def _predict_model(
         raise InvalidSpec(exc.field, exc.message) from None
     capacity = params.get("capacity_bytes")
     bounded = capacity is not None and capacity <= settings.max_experiment_bytes
+    if answer.peak_allocated is None:
+        return {"caveats": list(answer.caveats)}
     if answer.peak_allocated > settings.max_experiment_bytes and not bounded:
         raise InvalidSpec(
             "params",

@@ -9,7 +9,17 @@ and params. ``op_for`` wraps an op in autograd when the spec asks for requires_g
 from collections.abc import Mapping
 from typing import Any
 
-from workers.ops import checks, creation, diagnostic, elementwise, layout, linalg, modules, transfer
+from workers.ops import (
+    checks,
+    creation,
+    diagnostic,
+    elementwise,
+    layout,
+    linalg,
+    model,
+    modules,
+    transfer,
+)
 from workers.ops.autograd import with_grad
 from workers.ops.base import (
     Inputs,
@@ -31,6 +41,7 @@ OPS: dict[str, Op] = {
     **modules.OPS,
     **checks.OPS,
     **diagnostic.OPS,
+    **model.OPS,
 }
 
 

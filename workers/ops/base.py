@@ -34,6 +34,8 @@ class Op:
     bytes_moved: Callable[[Inputs, OpContext], int] | None = None
     # Run once more under the copy watcher after the measured phases (placement.py).
     probe: bool = True
+    # The op runs its own steps (a model experiment): called once, no warm-up, no repeats.
+    runs_once: bool = False
 
 
 def torch_dtype(name: str) -> torch.dtype:

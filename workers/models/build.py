@@ -1,0 +1,215 @@
+"""Build a model experiment's model, optimizer and inputs from its params.
+
+The model comes from transformers' Auto classes: a config (a preset's, or a model_type's
+defaults) with the spec's overrides, random weights, nothing downloaded. The same code
+builds the worker's real model and the predictor's fake one (under FakeTensorMode).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from app.catalog import CatalogError
+from app.catalog.model_zoo import Resolved, resolve
+
+# The child never reaches a model hub: configs are built, weights are random.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+DEFAULT_SEQ_LEN = 128
+DEFAULT_NEW_TOKENS = 16
+_AUTO = {
+    "causal-lm": "AutoModelForCausalLM",
+    "masked-lm": "AutoModelForMaskedLM",
+    "seq2seq-lm": "AutoModelForSeq2SeqLM",
+    "image-classification": "AutoModelForImageClassification",
+}
+WEIGHT_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+AUTOCAST_DTYPES = {"bf16-autocast": torch.bfloat16, "fp16-autocast": torch.float16}
+
+
+@dataclass
+class Built:
+    """What a step needs: the model, its optimizer (training), inputs, and how to run."""
+
+    resolved: Resolved
+    params: Mapping[str, Any]
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer | None
+    scaler: Any  # torch.amp.GradScaler for fp16 autocast training, else None
+    inputs: dict[str, torch.Tensor]
+    device: torch.device
+    autocast_dtype: torch.dtype | None
+    keeps_logits: bool  # whether the forward takes logits_to_keep (generation's prefill)
+
+    @property
+    def task(self) -> str:
+        return str(self.params.get("task", "train"))
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.params.get("batch_size", 1))
+
+    @property
+    def seq_len(self) -> int:
+        return int(self.params.get("seq_len") or DEFAULT_SEQ_LEN)
+
+    @property
+    def micro_batches(self) -> int:
+        return int(self.params.get("micro_batches") or 1)
+
+    @property
+    def new_tokens(self) -> int:
+        return int(self.params.get("new_tokens") or DEFAULT_NEW_TOKENS)
+
+    def autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def parameters(self) -> list[torch.Tensor]:
+        return list(self.model.parameters())
+
+    def gradients(self) -> list[torch.Tensor]:
+        return [p.grad for p in self.model.parameters() if p.grad is not None]
+
+    def optimizer_state(self) -> list[torch.Tensor]:
+        if self.optimizer is None:
+            return []
+        return [
+            v
+            for state in self.optimizer.state.values()
+            for v in state.values()
+            if isinstance(v, torch.Tensor)
+        ]
+
+
+def config_of(params: Mapping[str, Any]) -> tuple[Resolved, Any]:
+    """The model's resolved name and its transformers config (overrides applied)."""
+    import transformers
+
+    resolved = resolve(str(params["model"]), params.get("head"))
+    overrides = {**resolved.config, **(params.get("config") or {})}
+    config_class = transformers.CONFIG_MAPPING[resolved.model_type]
+    known = set(inspect.signature(config_class.__init__).parameters) | set(
+        vars(config_class()).keys()
+    )
+    for key in params.get("config") or {}:  # for_model keeps unknown keys: say so instead
+        if key not in known:
+            raise CatalogError("params.config", f"{resolved.model_type} configs have no {key!r}")
+    try:
+        config = transformers.AutoConfig.for_model(resolved.model_type, **overrides)
+    except (ValueError, TypeError, KeyError) as exc:
+        raise CatalogError("params.config", f"transformers refuses this config: {exc}") from None
+    if resolved.kind == "seq2seq-lm" and getattr(config, "decoder_start_token_id", None) is None:
+        # Training shifts the labels right from this token; T5's configs leave it unset.
+        config.decoder_start_token_id = getattr(config, "pad_token_id", None) or 0
+    return resolved, config
+
+
+def build(params: Mapping[str, Any], device: torch.device, initialize: bool = True) -> Built:
+    """The model (random weights, on ``device``), optimizer and one step's inputs.
+    ``initialize=False`` skips drawing the weights (the predictor's fake tensors hold no
+    values)."""
+    import transformers
+    from transformers.initialization import no_init_weights
+
+    resolved, config = config_of(params)
+    task = str(params.get("task", "train"))
+    precision = str(params.get("precision", "fp32"))
+    auto = getattr(transformers, _AUTO[resolved.kind])
+    weights = WEIGHT_DTYPES.get(precision, torch.float32)
+    kwargs: dict[str, Any] = {"dtype": weights}
+    if resolved.kind != "image-classification" or params.get("attention") == "eager":
+        kwargs["attn_implementation"] = params.get("attention") or "sdpa"
+    skip = contextlib.nullcontext() if initialize else no_init_weights()
+    with torch.device(device), skip:
+        try:
+            model = auto.from_config(config, **kwargs)
+        except (ValueError, NotImplementedError) as exc:
+            field = "params.attention" if "attn" in str(exc).lower() else "params.model"
+            raise CatalogError(field, f"transformers cannot build this model: {exc}") from None
+    model.train(task == "train")
+    if params.get("checkpointing"):
+        if not getattr(model, "supports_gradient_checkpointing", False):
+            raise CatalogError(
+                "params.checkpointing", f"{resolved.model_type} has no activation checkpointing"
+            )
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if task == "train":
+        # Dropout draws masks that change nothing about the bytes but cost a random draw.
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = 0.0
+    optimizer = make_optimizer(params, list(model.parameters())) if task == "train" else None
+    autocast_dtype = AUTOCAST_DTYPES.get(precision)
+    scaler = None
+    if task == "train" and precision == "fp16-autocast":
+        scaler = torch.amp.GradScaler(device.type)
+    forward_args = inspect.signature(model.forward).parameters
+    return Built(
+        resolved=resolved,
+        params=params,
+        model=model,
+        optimizer=optimizer,
+        scaler=scaler,
+        inputs=make_inputs(resolved.kind, config, params, device),
+        device=device,
+        autocast_dtype=autocast_dtype,
+        keeps_logits="logits_to_keep" in forward_args,
+    )
+
+
+def make_optimizer(params: Mapping[str, Any], weights: list[torch.Tensor]) -> torch.optim.Optimizer:
+    name = str(params.get("optimizer", "adamw"))
+    impl = str(params.get("optimizer_impl", "default"))
+    options: dict[str, Any] = {}
+    if impl == "for-loop":
+        options["foreach"] = False
+    elif impl == "foreach":
+        options["foreach"] = True
+    elif impl == "fused":
+        options["fused"] = True
+    if name in ("sgd", "sgd-momentum"):
+        momentum = 0.9 if name == "sgd-momentum" else 0.0
+        return torch.optim.SGD(weights, lr=1e-4, momentum=momentum, **options)
+    if name == "adam":
+        return torch.optim.Adam(weights, lr=1e-4, **options)
+    if name == "adafactor":
+        return torch.optim.Adafactor(weights, lr=1e-2, **options)
+    return torch.optim.AdamW(weights, lr=1e-4, **options)
+
+
+def make_inputs(
+    kind: str, config: Any, params: Mapping[str, Any], device: torch.device
+) -> dict[str, torch.Tensor]:
+    """One step's batch: token ids (with labels when training) or images and classes."""
+    batch = int(params.get("batch_size", 1))
+    train = params.get("task", "train") == "train"
+    if kind == "image-classification":
+        size = int(params.get("image_size") or getattr(config, "image_size", None) or 224)
+        channels = int(getattr(config, "num_channels", 3))
+        dtype = WEIGHT_DTYPES.get(str(params.get("precision")), torch.float32)
+        pixels = torch.zeros(batch, channels, size, size, dtype=dtype, device=device)
+        inputs = {"pixel_values": pixels}
+        if train:
+            inputs["labels"] = torch.zeros(batch, dtype=torch.long, device=device)
+        return inputs
+    seq = int(params.get("seq_len") or DEFAULT_SEQ_LEN)
+    vocab = int(getattr(config, "vocab_size", 2) or 2)
+    # Token ids spread over the vocabulary; their values change no byte counts.
+    ids = (torch.arange(batch * seq, device=device) % vocab).reshape(batch, seq)
+    inputs = {"input_ids": ids}
+    if kind == "seq2seq-lm" and params.get("task") == "inference":
+        inputs["decoder_input_ids"] = ids.clone()
+    if train:
+        inputs["labels"] = ids.clone()
+    return inputs

@@ -1,0 +1,154 @@
+"""A model experiment's result: its steps and phases, the reported step's peaks, what held
+memory at the peak by category, speed, and notes in plain words.
+
+The op (workers/ops/model.py) leaves its raw record in the details (``model_run``); the
+sections' figures are known only after the run (on the CPU they come from the profiler's
+events), so the child calls ``finish`` once the trace has stopped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from app.contract import Category, ModelFigures, ModelStep, PhasePeak
+from app.core.units import human_bytes
+
+RAW = "model_run"
+MiB = 2**20
+
+
+def finish(result: dict[str, Any], details: dict[str, Any], records: dict[str, Any]) -> None:
+    """Move the op's raw record into ``result['model']`` and ``result['categories']``."""
+    raw = details.pop(RAW, None)
+    if raw is None:
+        return
+    steps: list[ModelStep] = []
+    for step in raw["steps"]:
+        number = step["step"]
+        by_name: dict[str, PhasePeak] = {}
+        for ph in raw["phases"]:
+            figures = records.get(ph["section"])
+            if ph["step"] != number or figures is None:
+                continue
+            allocated = int(figures["allocated_peak"])
+            reserved = int(ph["peak_reserved"] if ph["peak_reserved"] is not None else allocated)
+            seen = by_name.get(ph["name"])
+            if seen is None:
+                by_name[ph["name"]] = PhasePeak(
+                    name=ph["name"],
+                    peak_allocated=allocated,
+                    peak_reserved=reserved,
+                    allocated_end=int(figures["allocated_end"]),
+                    wall_s=ph["wall_s"],
+                )
+            else:  # another micro-batch of the same phase
+                seen.peak_allocated = max(seen.peak_allocated, allocated)
+                seen.peak_reserved = max(seen.peak_reserved, reserved)
+                seen.allocated_end = int(figures["allocated_end"])
+                seen.wall_s = (seen.wall_s or 0.0) + ph["wall_s"]
+        phases = list(by_name.values())
+        steps.append(
+            ModelStep(
+                step=number,
+                peak_allocated=max((p.peak_allocated for p in phases), default=0),
+                peak_reserved=max((p.peak_reserved for p in phases), default=0),
+                phases=phases,
+                wall_s=step["wall_s"],
+            )
+        )
+    if not steps:
+        return
+    reported = steps[-1]
+    wall = reported.wall_s or 0.0
+    figures = ModelFigures(
+        model=raw["model"],
+        model_type=raw["model_type"],
+        task=raw["task"],
+        parameter_count=raw["parameter_count"],
+        parameter_bytes=raw["parameter_bytes"],
+        gradient_bytes=raw["gradient_bytes"],
+        optimizer_state_bytes=raw["optimizer_state_bytes"],
+        reported_step=reported.step,
+        peak_allocated=reported.peak_allocated,
+        peak_reserved=reported.peak_reserved,
+        steps=steps,
+        time_per_step_s=wall or None,
+        samples_per_s=raw["batch_size"] / wall if wall else None,
+        tokens_per_s=raw["tokens_per_step"] / wall if wall and raw["tokens_per_step"] else None,
+    )
+    result["model"] = figures.model_dump()
+    tally = raw["tally"]
+    result["categories"] = at_measured_peak(tally["categories"], reported.peak_allocated)
+    details["model_tally"] = {
+        "peak": tally["peak"],
+        "phase": tally["phase"],
+        "how": "a copy of the reported step run under the category tally (tensor storages "
+        "by identity and by the phase that made them); what it does not see (library "
+        "workspaces, kernels' own buffers) is counted as temporaries",
+    }
+
+
+def at_measured_peak(tallied: dict[str, int], measured: int) -> dict[str, int]:
+    """The tally's categories, made to add up to the measured peak: memory the tally does
+    not see (workspaces) is temporaries; where the tally saw more, temporaries and then
+    activations give it back."""
+    out = {k: int(v) for k, v in tallied.items()}
+    diff = measured - sum(out.values())
+    for key in (Category.TEMPORARIES, Category.ACTIVATIONS, Category.OTHER):
+        if diff >= 0:
+            break
+        take = min(out.get(key, 0), -diff)
+        out[key] = out.get(key, 0) - take
+        diff += take
+    if diff > 0:
+        out[Category.TEMPORARIES] = out.get(Category.TEMPORARIES, 0) + diff
+    return {str(k): v for k, v in out.items()}
+
+
+def notes(result: dict[str, Any], spec: dict[str, Any]) -> list[str]:
+    """Plain words on a model experiment's figures."""
+    model = result.get("model")
+    if not model:
+        return []
+    params = spec.get("params") or {}
+    said: list[str] = []
+    steps = model["steps"]
+    peak, reserved = model["peak_allocated"], model["peak_reserved"]
+    if model["task"] == "train" and len(steps) >= 2:
+        first = steps[0]["peak_allocated"]
+        said.append(
+            f"Step 1 peaked at {human_bytes(first)}, step {model['reported_step']} at "
+            f"{human_bytes(peak)}: step {model['reported_step']} is reported because the "
+            f"optimizer's state exists from step 1's end on"
+            + (
+                f" ({human_bytes(peak - first)} more)."
+                if peak > first
+                else " (step 1 peaked as high: its activations outweighed the state)."
+            )
+        )
+    cats = result.get("categories") or {}
+    if cats and peak:
+        top = max(cats, key=lambda k: cats[k])
+        said.append(
+            f"At the peak, {top.replace('_', ' ')} held the most: {human_bytes(cats[top])} "
+            f"of {human_bytes(peak)} ({100 * cats[top] / peak:.0f}%)."
+        )
+    if reserved > peak * 1.2 and reserved - peak > 64 * MiB:
+        conf = str(spec.get("allocator") or "")
+        said.append(
+            f"Reserved ({human_bytes(reserved)}) is far above allocated ({human_bytes(peak)}) "
+            f"at the peak: the caching allocator's segments are fragmented"
+            + (
+                "."
+                if "expandable" in conf
+                else "; allocator settings `expandable_segments: true` usually closes "
+                "most of that gap."
+            )
+        )
+    if params.get("checkpointing"):
+        said.append(
+            "Activation checkpointing is on: the forward keeps only each layer's input and "
+            "recomputes the rest during the backward, so activations are small and the "
+            "backward does more work."
+        )
+    return said

@@ -1,0 +1,115 @@
+"""One step of a model experiment: a training step, a forward pass, or a generation.
+
+The step names its phases through ``phase(name)``, a context manager the caller gives:
+the worker measures each phase with the allocator's counters, the predictor tallies
+fake tensors per phase, and the category tally labels what each phase makes. The same
+code runs in all three, so what is predicted is what is measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+import torch
+
+from workers.models.build import Built
+
+Phase = Callable[[str], AbstractContextManager[Any]]
+
+
+@contextmanager
+def _no_phase(name: str) -> Iterator[None]:
+    yield
+
+
+def run_step(built: Built, phase: Phase = _no_phase) -> None:
+    """Run one step of the spec's task."""
+    if built.task == "train":
+        train_step(built, phase)
+    elif built.task == "inference":
+        with torch.no_grad(), phase("forward"), built.autocast():
+            out = built.model(**built.inputs)
+        del out
+    else:
+        generate(built, phase)
+
+
+def train_step(built: Built, phase: Phase) -> None:
+    """Forward, loss and backward per micro-batch (gradients accumulate), then the
+    optimizer's step; gradients are dropped at the start (``set_to_none``), as a training
+    loop that zeroes them before its forward does."""
+    assert built.optimizer is not None
+    built.optimizer.zero_grad(set_to_none=True)
+    parts = built.micro_batches
+    chunks = {k: v.chunk(parts) for k, v in built.inputs.items()}
+    for i in range(parts):
+        batch = {k: v[i] for k, v in chunks.items()}
+        with phase("forward"), built.autocast():
+            loss = built.model(**batch).loss
+            if parts > 1:
+                loss = loss / parts
+        with phase("backward"):
+            if built.scaler is not None:
+                built.scaler.scale(loss).backward()
+            else:
+                loss.backward()
+        del loss
+    with phase("optimizer"):
+        if built.scaler is not None:
+            built.scaler.step(built.optimizer)
+            built.scaler.update()
+        else:
+            built.optimizer.step()
+
+
+def generate(built: Built, phase: Phase) -> None:
+    """Greedy decoding with a KV cache: the prefill, then ``new_tokens`` one at a time
+    (transformers' generate does the same work; this loop has no data-dependent stop, so
+    it also runs on fake tensors)."""
+    model: Any = built.model
+    ids = built.inputs["input_ids"]
+    seq2seq = built.resolved.kind == "seq2seq-lm"
+    with torch.no_grad(), built.autocast():
+        with phase("prefill"):
+            if seq2seq:
+                encoder: Any = model.get_encoder()
+                encoded = encoder(input_ids=ids)
+                start = torch.zeros(ids.shape[0], 1, dtype=ids.dtype, device=ids.device)
+                out = model(encoder_outputs=encoded, decoder_input_ids=start, use_cache=True)
+            else:
+                extra = {"logits_to_keep": 1} if built.keeps_logits else {}
+                out = model(input_ids=ids, use_cache=True, **extra)
+            cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+            del out
+        with phase("decode"):
+            for _ in range(built.new_tokens - 1):
+                if seq2seq:
+                    out = model(
+                        encoder_outputs=encoded,
+                        decoder_input_ids=token,
+                        past_key_values=cache,
+                        use_cache=True,
+                    )
+                else:
+                    out = model(input_ids=token, past_key_values=cache, use_cache=True)
+                cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
+                del out
+    del cache, token
+
+
+def phase_names(task: str) -> tuple[str, ...]:
+    return {
+        "train": ("forward", "backward", "optimizer"),
+        "inference": ("forward",),
+        "generate": ("prefill", "decode"),
+    }[task]
+
+
+def tokens_per_step(built: Built) -> int | None:
+    if built.resolved.kind == "image-classification":
+        return None
+    if built.task == "generate":
+        return built.batch_size * built.new_tokens
+    return built.batch_size * built.seq_len

@@ -1,0 +1,181 @@
+"""What held memory at a step's peak, by category: a tally of every tensor storage's life.
+
+A ``Tally`` is a dispatch mode: each op's outputs are seen as they are made, and each
+storage's end is seen through a weak reference, so the tally knows the live bytes after
+every op, the moment of the peak, and which storages were alive then. It is O(1) per op
+(the categories are worked out once, after the step), and it runs the same on real
+tensors (the worker's measured step) and on fake ones (the predictor, no device at all).
+
+Categories follow PyTorch's memory profiler: a storage is a parameter, gradient or
+optimizer state by identity (the storages those objects hold after the step); what the
+forward made is an activation (saved for backward, the KV cache, the output); what the
+backward and the optimizer made besides is a temporary. Memory that no op output holds
+(library workspaces, kernels' internal buffers) is not seen here: the caller adds it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+from app.contract import Category
+
+BLOCK = 512  # the CUDA caching allocator rounds every block up to a multiple of this
+
+FORWARD, BACKWARD, OPTIMIZER, OTHER = "forward", "backward", "optimizer", "other"
+# The phases whose outputs are activations: a forward, a generation's prefill and decode
+# (there the KV cache is the activations that stay).
+_MAKES_ACTIVATIONS = (FORWARD, "prefill", "decode")
+
+
+@dataclass
+class _Life:
+    size: int
+    phase: str
+    born: int
+    died: int | None = None
+
+
+@dataclass
+class Peak:
+    """A step's peak: the bytes then, and what held them."""
+
+    bytes: int
+    categories: dict[str, int]
+    phase: str  # the phase in which the peak came
+
+
+def rounded(nbytes: int, block: int) -> int:
+    return -(-nbytes // block) * block if block > 1 else nbytes
+
+
+class Tally(TorchDispatchMode):
+    """Count live storages while a step runs. ``block``: the allocator's rounding (512 on
+    CUDA, 1 on the CPU)."""
+
+    def __init__(self, block: int = 1) -> None:
+        super().__init__()
+        self.block = block
+        self.phase = OTHER
+        self._lives: dict[int, _Life] = {}  # the live storages, by identity
+        self._ended: list[_Life] = []
+        self._keep: list[Any] = []  # the weak references, alive until the tally is
+        self.live = 0
+        self.peak = 0
+        self.peak_seq = 0
+        self.peak_phase = OTHER
+        self.seq = 0
+        self.phase_peaks: dict[str, tuple[int, int]] = {}  # each phase's own (bytes, seq)
+
+    # -- what the step does --------------------------------------------------------------
+
+    def adopt(self, tensors: Iterable[torch.Tensor], phase: str = OTHER) -> None:
+        """Count storages that exist before the tally starts (parameters, inputs, state)."""
+        for t in tensors:
+            self._see(t, phase)
+        self._maybe_peak()
+
+    @contextmanager
+    def during(self, phase: str) -> Iterator[None]:
+        before, self.phase = self.phase, phase
+        try:
+            yield
+        finally:
+            self.phase = before
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        for leaf in tree_leaves(out):
+            if isinstance(leaf, torch.Tensor):
+                self._see(leaf, self.phase)
+        self._maybe_peak()
+        return out
+
+    # -- after the step ------------------------------------------------------------------
+
+    def categorize(
+        self,
+        parameters: Iterable[torch.Tensor],
+        gradients: Iterable[torch.Tensor],
+        optimizer_state: Iterable[torch.Tensor],
+        phase: str | None = None,
+    ) -> Peak:
+        """What was alive at the peak (or at ``phase``'s own peak), by category
+        (identities read after the step)."""
+        by_identity: dict[int, str] = {}
+        for category, tensors in (
+            (Category.OPTIMIZER_STATE, optimizer_state),
+            (Category.GRADIENTS, gradients),
+            (Category.PARAMETERS, parameters),
+        ):
+            for t in tensors:
+                key = _key(t)
+                if key is not None:
+                    by_identity[key] = str(category)
+        totals = {str(c): 0 for c in Category if c != Category.UNKNOWN}
+        peak, at_peak = (self.peak, self.peak_seq) if phase is None else self.phase_peaks[phase]
+        for key, life in self._lives.items():
+            if life.born <= at_peak:
+                totals[self._category(by_identity.get(key), life)] += life.size
+        for life in self._ended:
+            if life.born <= at_peak < (life.died or 0):
+                totals[self._category(None, life)] += life.size
+        return Peak(peak, totals, phase or self.peak_phase)
+
+    # -- internals -----------------------------------------------------------------------
+
+    @staticmethod
+    def _category(identity: str | None, life: _Life) -> str:
+        if identity is not None:
+            return identity
+        if life.phase in _MAKES_ACTIVATIONS:
+            return str(Category.ACTIVATIONS)
+        if life.phase in (BACKWARD, OPTIMIZER):
+            return str(Category.TEMPORARIES)
+        return str(Category.OTHER)
+
+    def _see(self, t: torch.Tensor, phase: str) -> None:
+        try:
+            storage = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # sparse and other storage-less tensors
+            return
+        key = storage._cdata
+        if key in self._lives:
+            return
+        size = rounded(storage.nbytes(), self.block)
+        self.seq += 1
+        life = _Life(size, phase, self.seq)
+        self._lives[key] = life
+        self.live += size
+        self._keep.append(weakref.ref(storage, self._ender(key)))
+
+    def _ender(self, key: int) -> Any:
+        def end(_: object) -> None:
+            life = self._lives.pop(key, None)
+            if life is not None:
+                self.seq += 1
+                life.died = self.seq
+                self._ended.append(life)
+                self.live -= life.size
+
+        return end
+
+    def _maybe_peak(self) -> None:
+        if self.live > self.phase_peaks.get(self.phase, (-1, 0))[0]:
+            self.phase_peaks[self.phase] = (self.live, self.seq)
+            if self.live > self.peak:
+                self.peak, self.peak_seq, self.peak_phase = self.live, self.seq, self.phase
+
+
+def _key(t: torch.Tensor) -> int | None:
+    try:
+        return int(t.untyped_storage()._cdata)
+    except (RuntimeError, NotImplementedError):
+        return None
