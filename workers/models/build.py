@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +49,8 @@ class Built:
     device: torch.device
     autocast_dtype: torch.dtype | None
     keeps_logits: bool  # whether the forward takes logits_to_keep (generation's prefill)
+    # Another autocast (the predictor's CUDA autocast on CPU fake tensors); None: torch's.
+    autocast_with: Callable[[torch.dtype], contextlib.AbstractContextManager[Any]] | None = None
 
     @property
     def task(self) -> str:
@@ -73,6 +75,8 @@ class Built:
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.autocast_dtype is None:
             return contextlib.nullcontext()
+        if self.autocast_with is not None:
+            return self.autocast_with(self.autocast_dtype)
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def parameters(self) -> list[torch.Tensor]:
@@ -137,6 +141,8 @@ def build(params: Mapping[str, Any], device: torch.device, initialize: bool = Tr
         except (ValueError, NotImplementedError) as exc:
             field = "params.attention" if "attn" in str(exc).lower() else "params.model"
             raise CatalogError(field, f"transformers cannot build this model: {exc}") from None
+    if not initialize:
+        model.tie_weights()  # skipped with the weights' initialization
     model.train(task == "train")
     if params.get("checkpointing"):
         if not getattr(model, "supports_gradient_checkpointing", False):

@@ -14,6 +14,7 @@ predictor child (app/services/predictor.py). The API never imports torch.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import time
@@ -24,8 +25,10 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from app.catalog import CatalogError
+from app.catalog.model_zoo import resolve
 from app.contract import Category
-from workers.models.build import Built, build
+from workers.models.build import DEFAULT_NEW_TOKENS, DEFAULT_SEQ_LEN, Built, build
+from workers.models.cuda_semantics import CudaSemantics
 from workers.models.steps import run_step
 from workers.models.tally import BLOCK, OTHER, Tally, rounded
 
@@ -41,10 +44,6 @@ CAVEATS = (
 CPU_CAVEAT = (
     "on the CPU, oneDNN's and other kernels' internal buffers are not predicted; "
     "the measured peak can be higher"
-)
-AUTOCAST_CAVEAT = (
-    "autocast is traced with the CPU's autocast op lists; CUDA's keep a few more ops "
-    "(softmax, layer norm) in float32, so activations may differ slightly"
 )
 
 
@@ -90,16 +89,18 @@ def predict(params: Mapping[str, Any], device_type: str) -> dict[str, Any]:
     if cuda and params.get("optimizer_impl", "default") == "default":
         # PyTorch's default on CUDA is the foreach implementation (for-loop on the CPU).
         params = {**params, "optimizer_impl": "foreach"}
-    depth = _depth(params)
-    if depth is None:
-        phases, built = _trace(params, cuda)
+    new_tokens = int(params.get("new_tokens") or DEFAULT_NEW_TOKENS)
+    causal = resolve(str(params["model"]), params.get("head")).kind == "causal-lm"
+    if params.get("task") == "generate" and new_tokens > 2 and causal:
+        # The prefill, and the last decoded token (its KV cache is the largest): a
+        # prefill of all but the last two tokens then one decoded token holds what the
+        # last step of the whole generation holds, without tracing every step before it.
+        seq_len = int(params.get("seq_len") or DEFAULT_SEQ_LEN)
+        first = _phases({**params, "new_tokens": 1}, cuda)
+        last = _phases({**params, "seq_len": seq_len + new_tokens - 2, "new_tokens": 2}, cuda)
+        phases = {"prefill": first["prefill"], "decode": last["decode"]}
     else:
-        key, layers = depth
-        shallow = []
-        for n in SHALLOW:
-            config = {**(params.get("config") or {}), key: n}
-            shallow.append(_trace({**params, "config": config}, cuda)[0])
-        phases, built = _extend(shallow, layers), None
+        phases = _phases(params, cuda)
     phase = max(phases, key=lambda name: sum(phases[name].values()))
     categories = dict(phases[phase])
     caveats = list(CAVEATS) if cuda else [CPU_CAVEAT]
@@ -108,9 +109,6 @@ def predict(params: Mapping[str, Any], device_type: str) -> dict[str, Any]:
         workspace = CUBLAS_WORKSPACE * (2 if task == "train" else 1)
         categories[Category.TEMPORARIES] = categories.get(Category.TEMPORARIES, 0) + workspace
     total = sum(categories.values())
-    if cuda and str(params.get("precision", "")).endswith("autocast"):
-        caveats.append(AUTOCAST_CAVEAT)
-    del built
     return {
         "peak_allocated": total,
         "peak_reserved": rounded(total, SEGMENT) if cuda else total,
@@ -121,19 +119,37 @@ def predict(params: Mapping[str, Any], device_type: str) -> dict[str, Any]:
     }
 
 
+def _phases(params: Mapping[str, Any], cuda: bool) -> dict[str, dict[str, int]]:
+    """Each phase's peak by category: traced whole, or for a deep stack of identical
+    blocks, traced at two shallow depths and extended."""
+    depth = _depth(params)
+    if depth is None:
+        return _trace(params, cuda)[0]
+    key, layers = depth
+    shallow = []
+    for n in SHALLOW:
+        config = {**(params.get("config") or {}), key: n}
+        shallow.append(_trace({**params, "config": config}, cuda)[0])
+    return _extend(shallow, layers)
+
+
 def _trace(params: Mapping[str, Any], cuda: bool) -> tuple[dict[str, dict[str, int]], Built]:
     """Each phase's peak, by category, from the step traced on fake tensors."""
+    semantics = CudaSemantics() if cuda else contextlib.nullcontext()
     with FakeTensorMode(allow_non_fake_inputs=True):
         built = build(params, torch.device("cpu"), initialize=False)
         if built.scaler is not None:
             built.scaler = FakeScaler(built.device)
+        if isinstance(semantics, CudaSemantics):
+            built.autocast_with = semantics.autocast
+            semantics.checkpointing(built.model)
         _prime(built)
         tally = Tally(BLOCK if cuda else 1)
         tally.adopt([*built.parameters(), *built.optimizer_state(), *built.inputs.values()])
         tally.adopt(built.model.buffers(), OTHER)
         if built.scaler is not None:
             tally.adopt([built.scaler.scale_value, built.scaler.found_inf])
-        with tally:
+        with semantics, tally:
             run_step(built, tally.during)
         state = (built.parameters(), built.gradients(), built.optimizer_state())
         phases = {

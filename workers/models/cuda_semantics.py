@@ -1,0 +1,276 @@
+"""CUDA's choices, made on the CPU's fake tensors, so a prediction without a GPU holds
+what a GPU would hold.
+
+The predictor traces a step on fake CPU tensors. Two things CUDA does differently change
+the bytes a step holds, and both are decided above the kernels, where a function mode
+can make the CUDA choice instead:
+
+- Attention. ``scaled_dot_product_attention`` on CUDA runs FlashAttention (half
+  precision, no mask) or the memory-efficient kernel (a mask or float32), which keep
+  only the output and a log-sum-exp for the backward; the CPU falls back to the math
+  path, which keeps the whole attention matrix. Here the call goes to the CUDA kernel's
+  own op (its shapes are known without a device).
+- Autocast. CUDA's autocast casts matmuls and convolutions to the low precision and runs
+  norms, softmax, losses and reductions in float32; the CPU's lists differ. Here the
+  CUDA lists are applied to the calls, with autocast's cache of cast weights (alive to
+  the end of the autocast region, as on CUDA).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+
+# CUDA's autocast lists (ATen's autocast_mode.cpp), by the name of the Python call.
+LOW = frozenset(
+    {
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+        "convolution",
+        "prelu",
+        "addmm",
+        "addmv",
+        "addr",
+        "matmul",
+        "__matmul__",
+        "einsum",
+        "mm",
+        "mv",
+        "linear",
+        "addbmm",
+        "baddbmm",
+        "bmm",
+        "chain_matmul",
+        "scaled_dot_product_attention",
+    }
+)
+FP32 = frozenset(
+    {
+        "acos",
+        "asin",
+        "cosh",
+        "erfinv",
+        "exp",
+        "expm1",
+        "log",
+        "log10",
+        "log2",
+        "log1p",
+        "reciprocal",
+        "rsqrt",
+        "sinh",
+        "tan",
+        "pow",
+        "__pow__",
+        "softplus",
+        "layer_norm",
+        "group_norm",
+        "norm",
+        "cosine_similarity",
+        "nll_loss",
+        "cross_entropy",
+        "kl_div",
+        "l1_loss",
+        "smooth_l1_loss",
+        "huber_loss",
+        "mse_loss",
+        "binary_cross_entropy_with_logits",
+        "cdist",
+        "logsumexp",
+    }
+)
+# Reductions that CUDA's autocast runs with a float32 output (no copy of the input).
+SET_FP32 = frozenset({"softmax", "log_softmax", "cumsum", "cumprod", "prod", "sum"})
+PROMOTE = frozenset({"addcdiv", "addcmul", "atan2", "cat", "stack", "index_put", "scatter_add"})
+_LOW_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _name(func: Any) -> str:
+    return str(getattr(func, "__name__", ""))
+
+
+class CudaSemantics(TorchFunctionMode):
+    """Make CUDA's attention kernel and (inside ``autocast``) its autocast lists apply."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.autocast_dtype: torch.dtype | None = None
+        self._cache: dict[int, torch.Tensor] = {}
+
+    @contextmanager
+    def autocast(self, dtype: torch.dtype) -> Iterator[None]:
+        outer, self.autocast_dtype = self.autocast_dtype, dtype
+        try:
+            yield
+        finally:
+            self.autocast_dtype = outer
+            if outer is None:
+                self._cache.clear()  # CUDA drops its cast weights as the region ends
+
+    def checkpointing(self, model: torch.nn.Module) -> None:
+        """Keep these semantics in what activation checkpointing recomputes during the
+        backward (where neither this mode nor the forward's autocast is on by itself)."""
+        for module in model.modules():
+            original = getattr(module, "_gradient_checkpointing_func", None)
+            if original is not None:
+                module._gradient_checkpointing_func = self._checkpointed(original)
+
+    def _checkpointed(self, original: Any) -> Any:
+        def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+            dtype = self.autocast_dtype
+
+            def run(*a: Any, **k: Any) -> Any:
+                with contextlib.ExitStack() as stack:
+                    if self not in _get_current_function_mode_stack():
+                        stack.enter_context(self)
+                    if dtype is not None and self.autocast_dtype != dtype:
+                        stack.enter_context(self.autocast(dtype))
+                    return fn(*a, **k)
+
+            return original(run, *args, **kwargs)
+
+        return call
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = _name(func)
+        dtype = self.autocast_dtype
+        if dtype is not None:
+            if name == "cross_entropy":
+                return _cross_entropy(*args, **kwargs)
+            if name in SET_FP32:
+                return _in_fp32(func, args, kwargs)
+            if name in LOW:
+                args, kwargs = self._cast(args, kwargs, dtype)
+            elif name in FP32:
+                args, kwargs = self._cast(args, kwargs, torch.float32, only=_LOW_DTYPES)
+            elif name in PROMOTE:
+                args, kwargs = self._promote(args, kwargs)
+        if name == "scaled_dot_product_attention":
+            return attention(*args, **kwargs)
+        return func(*args, **kwargs)
+
+    def _cast(
+        self,
+        args: Any,
+        kwargs: dict[str, Any],
+        dtype: torch.dtype,
+        only: tuple[torch.dtype, ...] = (torch.float32, torch.float16, torch.bfloat16),
+    ) -> tuple[Any, dict[str, Any]]:
+        def cast(x: Any) -> Any:
+            if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dtype in only:
+                if x.dtype == dtype:
+                    return x
+                if x.is_leaf and x.requires_grad:  # a weight: cast once per region
+                    hit = self._cache.get(id(x))
+                    if hit is None:
+                        hit = self._cache[id(x)] = x.to(dtype)
+                    return hit
+                return x.to(dtype)
+            if isinstance(x, list | tuple):
+                return type(x)(cast(v) for v in x)
+            return x
+
+        return tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+
+    def _promote(self, args: Any, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+        found: list[torch.dtype] = []
+
+        def scan(x: Any) -> None:
+            if isinstance(x, torch.Tensor) and x.is_floating_point():
+                found.append(x.dtype)
+            elif isinstance(x, list | tuple):
+                for v in x:
+                    scan(v)
+
+        for a in (*args, *kwargs.values()):
+            scan(a)
+        if len(set(found)) <= 1:
+            return args, kwargs
+        widest = torch.float32 if torch.float32 in found else found[0]
+        return self._cast(args, kwargs, widest)
+
+
+def _in_fp32(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
+    first = args[0] if args else None
+    if (
+        isinstance(first, torch.Tensor)
+        and first.dtype in _LOW_DTYPES
+        and kwargs.get("dtype") is None
+        and len(args) <= 2
+    ):
+        kwargs = {**kwargs, "dtype": torch.float32}
+    return func(*args, **kwargs)
+
+
+def _cross_entropy(
+    input: torch.Tensor,
+    target: torch.Tensor,
+    weight: torch.Tensor | None = None,
+    size_average: Any = None,
+    ignore_index: int = -100,
+    reduce: Any = None,
+    reduction: str = "mean",
+    label_smoothing: float = 0.0,
+) -> torch.Tensor:
+    """CUDA's cross entropy under autocast: log_softmax with a float32 output, nll_loss."""
+    logs = torch.log_softmax(input, 1 if input.dim() > 1 else 0, dtype=torch.float32)
+    if weight is not None:
+        weight = weight.float()
+    return torch.nn.functional.nll_loss(
+        logs, target, weight, ignore_index=ignore_index, reduction=reduction
+    )
+
+
+def attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: float | None = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """``scaled_dot_product_attention`` as CUDA runs it on Hopper: FlashAttention for
+    half precision without a mask, else the memory-efficient kernel; the math path only
+    where neither applies (then as on the CPU)."""
+    head_dim = query.shape[-1]
+    heads_match = query.shape[-3] == key.shape[-3] == value.shape[-3]
+    fallback = torch.nn.functional.scaled_dot_product_attention
+    if query.dim() != 4 or not heads_match or head_dim % 8 or head_dim > 256:
+        return fallback(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+        )
+    if query.dtype in _LOW_DTYPES and attn_mask is None:
+        out = torch.ops.aten._scaled_dot_product_flash_attention(
+            query, key, value, dropout_p, is_causal, False, scale=scale
+        )
+        return out[0]
+    bias = attn_mask
+    if bias is not None:
+        if bias.dtype == torch.bool:  # CUDA turns a boolean mask into an additive one
+            bias = torch.zeros_like(bias, dtype=query.dtype).masked_fill(~bias, float("-inf"))
+        length = bias.shape[-1]
+        if length % 16:  # and pads the key length to the kernel's alignment
+            bias = _pad_bias(bias, length)
+        bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    out = torch.ops.aten._scaled_dot_product_efficient_attention(
+        query, key, value, bias, needs_grad, dropout_p, is_causal, scale=scale
+    )
+    return out[0]
+
+
+def _pad_bias(bias: torch.Tensor, length: int) -> torch.Tensor:
+    pad = 16 - length % 16
+    return torch.nn.functional.pad(bias, (0, pad))[..., :length]
