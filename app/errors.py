@@ -197,7 +197,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (401, "no token, or an unknown or revoked one"),
         (403, "the token lacks the scope this needs"),
         (404, "not found"),
-        (409, "conflict: the lease or the state does not allow it"),
+        (409, "conflict: the lease or the state does not allow it, or an id prefix is ambiguous"),
         (413, "the request body is over the size limit"),
         (422, "the input is invalid: details name each field and what is allowed"),
         (429, "too many queued experiments for this token; see Retry-After"),

@@ -237,7 +237,12 @@ def require(scope: str, *, apart: bool = False) -> Any:
     return Depends(check)
 
 
-def experiment(s: SessionDep, experiment_id: Annotated[str, Path(max_length=64)]) -> Experiment:
+SHORT_ID = "the id, or a unique prefix of it of 4 characters or more (the 8 that lists print)"
+
+
+def experiment(
+    s: SessionDep, experiment_id: Annotated[str, Path(max_length=64, description=SHORT_ID)]
+) -> Experiment:
     return experiments.get(s, experiment_id)
 
 

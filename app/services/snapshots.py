@@ -34,7 +34,7 @@ from app.errors import ApiError, NotFound, PayloadTooLarge
 from app.models import Experiment, ExperimentTag, Result, Snapshot, TraceChunk
 from app.plots.chart import Chart, Label, Line, human_bytes
 from app.schemas.snapshot import SnapshotOut
-from app.services import bands, figures, traces
+from app.services import bands, figures, ids, traces
 from app.services.figures import label
 from app.snapshots.categories import telling_frames
 
@@ -278,9 +278,15 @@ def discard(upload: Upload) -> None:
 
 
 def get(session: Session, snapshot_id: str) -> Experiment:
-    exp = session.get(Experiment, snapshot_id)
-    if exp is None or exp.kind != KIND:
-        raise NotFound(f"no snapshot {snapshot_id!r}")
+    """By its id or a unique prefix of it among snapshots (``app.services.ids``)."""
+    exp: Experiment = ids.resolve(
+        session,
+        Experiment,
+        snapshot_id,
+        noun="snapshot",
+        field="snapshot_id",
+        where=(Experiment.kind == KIND,),
+    )
     return exp
 
 

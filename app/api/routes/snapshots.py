@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response, StreamingResponse
 
-from app.api.deps import NowDep, SessionDep, SettingsDep, get_db, require
+from app.api.deps import SHORT_ID, NowDep, SessionDep, SettingsDep, get_db, require
 from app.api.figures import FIGURE_RESPONSES, FigureFormat, respond
 from app.api.routes import traces as trace_routes
 from app.contract import Figure
@@ -41,7 +41,9 @@ _BODY = {
 }
 
 
-def snapshot(s: SessionDep, snapshot_id: Annotated[str, Path(max_length=64)]) -> Experiment:
+def snapshot(
+    s: SessionDep, snapshot_id: Annotated[str, Path(max_length=64, description=SHORT_ID)]
+) -> Experiment:
     return snapshots.get(s, snapshot_id)
 
 
