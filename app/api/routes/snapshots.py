@@ -20,7 +20,7 @@ from starlette.datastructures import FormData, UploadFile
 from app.api.deps import SHORT_ID, NowDep, SessionDep, SettingsDep, get_db, require
 from app.api.figures import FIGURE_RESPONSES, FigureFormat, respond
 from app.api.routes import traces as trace_routes
-from app.contract import Figure
+from app.contract import TRACE_ACTIONS, Figure, TraceAction
 from app.core.db import Database
 from app.errors import ERROR_RESPONSES, TooManyRequests
 from app.models import Experiment
@@ -223,7 +223,10 @@ def trace(
     format: Literal["json", "ndjson", "memory_viz", "chrome"] = "json",
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-    action: Annotated[list[str] | None, Query()] = None,
+    action: Annotated[
+        list[TraceAction] | None,
+        Query(max_length=len(TRACE_ACTIONS), description="events of these actions only"),
+    ] = None,
     min_size: Annotated[int, Query(ge=0, le=2**62)] = 0,
 ) -> Any:
     """``memory_viz`` gives back the snapshot's own segments with its trace, so PyTorch's
