@@ -14,6 +14,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from app.core.db import Busy
 from app.schemas.error import ErrorResponse
@@ -133,8 +134,29 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(_body("validation_error", summary, details), status_code=422)
 
 
+_METHODS = ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
+
+
+def _allowed(request: Request) -> list[str]:
+    """Every method that some route of this path answers (the router's own 405 names
+    those of the first route alone, and a path often has a route per method): each
+    method asked of the app's routes, on this error path alone."""
+    routes = request.app.router.routes
+    methods = [
+        m
+        for m in _METHODS
+        if any(r.matches({**request.scope, "method": m})[0] == Match.FULL for r in routes)
+    ]
+    return sorted([*methods, "OPTIONS"]) if methods else []
+
+
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 405 and (allowed := _allowed(request)):
+        allow = {"Allow": ", ".join(allowed)}
+        if request.method == "OPTIONS":  # what this path answers: a question, not an error
+            return Response(status_code=204, headers=allow)
+        exc = StarletteHTTPException(405, exc.detail, headers={**(exc.headers or {}), **allow})
     type_ = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     if _for_person(request):
         return _html_page(exc.status_code, type_.replace("_", " "), str(exc.detail))
