@@ -1,6 +1,7 @@
 """The ``vramlab`` command: serve the API, run a worker, migrate, or all at once (``up``)."""
 
 import argparse
+import copy
 import logging
 import os
 import secrets
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Sequence
+from typing import Any
 
 from app.core.config import get_settings
 
@@ -27,6 +29,32 @@ def cmd_migrate(_: argparse.Namespace) -> int:
     return 0
 
 
+CLAIM_PATH = "/v1/worker/claim"
+
+
+class IdleClaims(logging.Filter):
+    """Drops the access line of a claim that found no work (204): an idle worker asks
+    again at once, so each would log a line per long poll (``VRAMLAB_CLAIM_WAIT_SECONDS``)
+    for as long as nothing is queued."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        # uvicorn's access record: (client, method, path and query, HTTP version, status).
+        if isinstance(args, tuple) and len(args) == 5:
+            return not (str(args[2]).startswith(CLAIM_PATH) and args[4] == 204)
+        return True
+
+
+def _log_config(verbose: bool) -> dict[str, Any]:
+    from uvicorn.config import LOGGING_CONFIG
+
+    config = copy.deepcopy(LOGGING_CONFIG)
+    if not verbose:
+        config.setdefault("filters", {})["idle_claims"] = {"()": IdleClaims}
+        config["loggers"]["uvicorn.access"]["filters"] = ["idle_claims"]
+    return config
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
@@ -43,7 +71,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # default 5 ms GIL switch interval each hop can wait that long behind a busy thread,
     # and on SQLite the write slot is held meanwhile (docs/api-performance.md).
     sys.setswitchinterval(0.001)
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level)
+    uvicorn.run(
+        create_app(settings),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        log_config=_log_config(getattr(args, "verbose", False)),
+    )
     return 0
 
 
@@ -57,8 +91,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     # Its own worker token (passed in the environment, not on the command line), so that
     # it can work wherever tokens are required without turning them on by itself.
     token = settings.worker_token or secrets.token_urlsafe(32)
+    command = [sys.executable, "-m", "workers.cli", "--api", api, "--device", args.device]
     worker = subprocess.Popen(
-        [sys.executable, "-m", "workers.cli", "--api", api, "--device", args.device],
+        [*command, *(["--verbose"] if args.verbose else [])],
         env={**os.environ, "VRAMLAB_WORKER_TOKEN": token},
     )
     log.info("vramlab: API on %s (docs at %s/docs), database %s", api, api, settings.database_url)
@@ -74,6 +109,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             port=args.port,
             no_migrate=True,
             log_level=args.log_level,
+            verbose=args.verbose,
             local_worker_token=None if settings.worker_token else token,
         )
         code = cmd_serve(serve)
@@ -153,6 +189,11 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--host", default=settings.host)
         p.add_argument("--port", type=int, default=settings.port)
         p.add_argument("--log-level", default="info")
+        p.add_argument(
+            "--verbose",
+            action="store_true",
+            help="log every request, an idle worker's empty claims too (one per long poll)",
+        )
 
     p = sub.add_parser("serve", help="run the API")
     server_args(p)

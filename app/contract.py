@@ -8,7 +8,7 @@ new figure is added here first, and a generated client sees typed results.
 """
 
 from enum import StrEnum
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -120,6 +120,23 @@ MEMORY_VIZ_ACTIONS = (
     "snapshot",
     "oom",
 )
+
+# The actions of vramlab's trace events: the snapshot format's, a completed free written
+# ``free``, and ``mark`` (a phase boundary). ``?action=`` filters take these alone.
+TraceAction = Literal[
+    "alloc",
+    "free_requested",
+    "free_completed",
+    "segment_alloc",
+    "segment_free",
+    "segment_map",
+    "segment_unmap",
+    "snapshot",
+    "oom",
+    "free",
+    "mark",
+]
+TRACE_ACTIONS: tuple[str, ...] = get_args(TraceAction)
 
 # The v1 memory keys: integer byte counts in every succeeded result's ``memory``.
 MEMORY_KEYS = tuple(str(f) for f in Figure)

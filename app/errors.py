@@ -14,6 +14,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from app.core.db import Busy
 from app.schemas.error import ErrorResponse
@@ -133,8 +134,29 @@ async def _validation_error(request: Request, exc: Exception) -> Response:
     return JSONResponse(_body("validation_error", summary, details), status_code=422)
 
 
+_METHODS = ("DELETE", "GET", "HEAD", "PATCH", "POST", "PUT")
+
+
+def _allowed(request: Request) -> list[str]:
+    """Every method that some route of this path answers (the router's own 405 names
+    those of the first route alone, and a path often has a route per method): each
+    method asked of the app's routes, on this error path alone."""
+    routes = request.app.router.routes
+    methods = [
+        m
+        for m in _METHODS
+        if any(r.matches({**request.scope, "method": m})[0] == Match.FULL for r in routes)
+    ]
+    return sorted([*methods, "OPTIONS"]) if methods else []
+
+
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 405 and (allowed := _allowed(request)):
+        allow = {"Allow": ", ".join(allowed)}
+        if request.method == "OPTIONS":  # what this path answers: a question, not an error
+            return Response(status_code=204, headers=allow)
+        exc = StarletteHTTPException(405, exc.detail, headers={**(exc.headers or {}), **allow})
     type_ = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
     if _for_person(request):
         return _html_page(exc.status_code, type_.replace("_", " "), str(exc.detail))
@@ -197,7 +219,7 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (401, "no token, or an unknown or revoked one"),
         (403, "the token lacks the scope this needs"),
         (404, "not found"),
-        (409, "conflict: the lease or the state does not allow it"),
+        (409, "conflict: the lease or the state does not allow it, or an id prefix is ambiguous"),
         (413, "the request body is over the size limit"),
         (422, "the input is invalid: details name each field and what is allowed"),
         (429, "too many queued experiments for this token; see Retry-After"),

@@ -16,6 +16,18 @@ def test_the_readme_lists_every_setting() -> None:
         assert f"`VRAMLAB_{name.upper()}`" in readme, name
 
 
+def test_the_first_command_a_newcomer_copies_fits_a_machine_without_a_gpu() -> None:
+    """PyTorch's default download is its large CUDA build: the first block installs the
+    CPU build, and the GPU line is its own block after it, each starting the service."""
+    readme = (ROOT / "README.md").read_text()
+    blocks = [b.split("```", 1)[0].strip() for b in readme.split("```sh\n")[1:]]
+    cpu, gpu = blocks[0], blocks[1]
+    assert "--index-url https://download.pytorch.org/whl/cpu" in cpu
+    assert "whl/cpu" not in gpu and "torch==2.13.0" in gpu
+    assert cpu.endswith("vramlab up") and gpu.endswith("vramlab up")
+    assert readme.index("No GPU") < readme.index(cpu) < readme.index("With an NVIDIA GPU")
+
+
 def test_results_md_explains_every_error_type() -> None:
     results = (ROOT / "docs" / "results.md").read_text()
     for error_type in ErrorType:

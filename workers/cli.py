@@ -61,6 +61,11 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
         action="store_true",
         help="no warm spare children: fork each experiment's child when it is claimed",
     )
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="log every HTTP call to the API (an idle worker's claims: one per long poll)",
+    )
     p.set_defaults(func=cmd_worker)
 
 
@@ -70,6 +75,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from workers.loop import WorkerLoop
     from workers.runner import Runner
 
+    logging.getLogger("httpx").setLevel(logging.INFO if args.verbose else logging.WARNING)
     try:
         check_packages()
     except Unfit as exc:

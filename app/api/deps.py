@@ -8,12 +8,14 @@ imports) resolve the caller in a short session of its own and open theirs only a
 is closed. A handler on the hot path (the submit) takes ``OneTripDep`` instead and does
 the caller's look-up with the rest of its database work, in one trip to the thread pool."""
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import Depends, Path, Request
+from fastapi import Depends, Path, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
@@ -210,6 +212,29 @@ async def one_trip(
 OneTripDep = Annotated[OneTrip, Depends(one_trip)]
 
 
+class AuthenticateFirst(APIRoute):
+    """For routes whose caller is looked up in the handler (``OneTripDep``), after
+    FastAPI has validated the body: a request that fails validation is answered 401 (or
+    403) first when its caller would be refused, so that no one learns of field errors
+    before they authenticate. The look-up runs on that error path alone."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def run(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError:
+                state = request.app.state
+                credentials = await bearer(request)
+                await run_in_threadpool(
+                    principal_apart, request, state.db, state.settings, credentials
+                )
+                raise
+
+        return run
+
+
 def _check(scope: str, who: auth.Principal) -> auth.Principal:
     if not who.allows(scope):
         raise Forbidden(f"this needs the {scope!r} scope; the token has {sorted(who.scopes)}")
@@ -237,7 +262,12 @@ def require(scope: str, *, apart: bool = False) -> Any:
     return Depends(check)
 
 
-def experiment(s: SessionDep, experiment_id: Annotated[str, Path(max_length=64)]) -> Experiment:
+SHORT_ID = "the id, or a unique prefix of it of 4 characters or more (the 8 that lists print)"
+
+
+def experiment(
+    s: SessionDep, experiment_id: Annotated[str, Path(max_length=64, description=SHORT_ID)]
+) -> Experiment:
     return experiments.get(s, experiment_id)
 
 

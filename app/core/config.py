@@ -84,6 +84,9 @@ class Settings(BaseSettings):
     # pickle a gzipped one may expand to; both admit 2 GiB snapshots by default.
     max_snapshot_bytes: int = 3 * 2**30
     max_snapshot_expanded_bytes: int = 3 * 2**30
+    # How many times its own size a gzipped upload may expand to, checked as it arrives
+    # (past the first MiB expanded): a gzip bomb is refused within its first kilobytes.
+    max_snapshot_gzip_ratio: int = Field(default=200, ge=1, le=10_000)
     # The child process that parses a snapshot: its address-space limit and its time.
     snapshot_parse_memory_bytes: int = 16 * 2**30
     snapshot_parse_seconds: float = 600.0

@@ -8,7 +8,7 @@ from app.contract import Isolation
 from app.schemas.data import TEXT_PATTERN, DataDict
 
 Tag = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f]+$")]
-Dim = Annotated[int, Field(ge=0, le=2**31 - 1)]
+Dim = Annotated[int, Field(ge=0, le=2**31 - 1, strict=True)]
 
 
 class AllocatorSettings(BaseModel):
@@ -16,10 +16,10 @@ class AllocatorSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    expandable_segments: bool | None = None
-    max_split_size_mb: int | None = Field(default=None, ge=20, le=2**20)
-    garbage_collection_threshold: float | None = Field(default=None, gt=0, lt=1)
-    roundup_power2_divisions: int | None = Field(default=None, ge=1, le=64)
+    expandable_segments: bool | None = Field(default=None, strict=True)
+    max_split_size_mb: int | None = Field(default=None, ge=20, le=2**20, strict=True)
+    garbage_collection_threshold: float | None = Field(default=None, gt=0, lt=1, strict=True)
+    roundup_power2_divisions: int | None = Field(default=None, ge=1, le=64, strict=True)
     backend: Literal["native", "cudaMallocAsync"] | None = None
 
 
@@ -35,7 +35,7 @@ class Requirements(BaseModel):
         pattern=TEXT_PATTERN,
         description="a substring of the GPU's name",
     )
-    min_memory_bytes: int | None = Field(default=None, ge=0, le=2**50)
+    min_memory_bytes: int | None = Field(default=None, ge=0, le=2**50, strict=True)
 
 
 class ExperimentSpec(BaseModel):
@@ -67,9 +67,9 @@ class ExperimentSpec(BaseModel):
         description="'cpu', 'cuda' or 'cuda:N'; left out, the service picks one that a live "
         "worker offers (CUDA where one can run it, else the CPU) and the experiment records it",
     )
-    warmup: int = Field(default=1, ge=0, le=100)
-    repeat: int = Field(default=3, ge=1)
-    timeout_s: float = Field(default=120.0, gt=0)
+    warmup: int = Field(default=1, ge=0, le=100, strict=True)
+    repeat: int = Field(default=3, ge=1, strict=True)
+    timeout_s: float = Field(default=120.0, gt=0, strict=True)
     allocator: AllocatorSettings = Field(default_factory=AllocatorSettings)
     trace: Literal["none", "events", "stacks"] = "events"
     isolation: Isolation = Field(
@@ -82,7 +82,7 @@ class ExperimentSpec(BaseModel):
         "allocator settings (they are fixed when the allocator starts)",
     )
     tags: list[Tag] = Field(default_factory=list, max_length=32)
-    priority: int = Field(default=0, ge=-100, le=100)
+    priority: int = Field(default=0, ge=-100, le=100, strict=True)
     requirements: Requirements = Field(default_factory=Requirements)
     steps: list[DataDict] | None = Field(
         default=None,

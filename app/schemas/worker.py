@@ -33,9 +33,9 @@ def _json_size(value: Any) -> int:
 
 
 class Gpu(BaseModel):
-    index: int = Field(ge=0, lt=MAX_GPUS)
+    index: int = Field(ge=0, lt=MAX_GPUS, strict=True)
     name: str = Field(min_length=1, max_length=200, pattern=TEXT_PATTERN)
-    total_memory: int = Field(ge=2**20, le=MAX_GPU_MEMORY)
+    total_memory: int = Field(ge=2**20, le=MAX_GPU_MEMORY, strict=True)
 
 
 class Capabilities(BaseModel):
@@ -92,7 +92,8 @@ class RegisterResponse(BaseModel):
 
 class ClaimRequest(BaseModel):
     worker_id: str = Field(max_length=36)
-    wait_s: float = Field(default=20.0, ge=0, le=60)
+    # Strict: a boolean is not a number of seconds (``false`` is a 422, not 0).
+    wait_s: float = Field(default=20.0, ge=0, le=60, strict=True)
 
 
 class StopRequest(BaseModel):

@@ -25,7 +25,9 @@ def parse_ids(ids: str) -> list[str]:
 
 
 def load(session: Session, ids: list[str]) -> list[Experiment]:
-    return [experiments.get(session, i) for i in ids]
+    """Each by its id or a unique prefix of it; one that two of them name, once."""
+    found = (experiments.get(session, i, field="ids") for i in ids)
+    return list({e.id: e for e in found}.values())
 
 
 def figures(exp: Experiment) -> dict[str, float | int | None]:

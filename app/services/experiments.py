@@ -32,7 +32,7 @@ from app.models import Experiment, ExperimentTag
 from app.schemas.data import STORED
 from app.schemas.experiment import ExperimentError, ExperimentOut, QueueInfo
 from app.schemas.spec import ExperimentSpec
-from app.services import live_workers, queue, workers
+from app.services import ids, live_workers, queue, workers
 from app.services.signals import WorkSignal
 from app.services.specs import AcceptedSpec
 
@@ -222,11 +222,12 @@ def submit_once(
     return queued_out(row, accepted, queue_info(session, accepted, settings, now)), False
 
 
-def get(session: Session, experiment_id: str) -> Experiment:
-    exp = session.get(Experiment, experiment_id)
-    if exp is None:
-        raise NotFound(f"no experiment {experiment_id!r}")
-    return exp
+def get(session: Session, experiment_id: str, field: str = "experiment_id") -> Experiment:
+    """By its id or a unique prefix of it (``app.services.ids``)."""
+    found: Experiment = ids.resolve(
+        session, Experiment, experiment_id, noun="experiment", field=field
+    )
+    return found
 
 
 def cancel(session: Session, exp: Experiment, now: datetime) -> Experiment:

@@ -19,13 +19,15 @@ import sys
 import tempfile
 import time
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 import app
 from app.contract import Status
@@ -34,7 +36,7 @@ from app.errors import ApiError, NotFound, PayloadTooLarge
 from app.models import Experiment, ExperimentTag, Result, Snapshot, TraceChunk
 from app.plots.chart import Chart, Label, Line, human_bytes
 from app.schemas.snapshot import SnapshotOut
-from app.services import bands, figures, traces
+from app.services import bands, figures, ids, traces
 from app.services.figures import label
 from app.snapshots.categories import telling_frames
 
@@ -66,13 +68,86 @@ class Upload:
     gzipped: bool
 
 
+GZIP_MAGIC = b"\x1f\x8b"
+# The expansion ratio is checked once this much has come out: a small file may be all
+# repetition without being a bomb.
+RATIO_FLOOR = 2**20
+# Bytes of the body handed to the thread pool at a time (written, or expanded and written).
+_BATCH = 256 * 2**10
+_PIECE = 2**20
+
+
+class _Expander:
+    """Expands a gzip upload (every member) as it arrives, so that a bomb is refused
+    after its first kilobytes rather than once gigabytes have come out: never more than
+    ``ratio`` times the bytes received so far (past ``RATIO_FLOOR``), nor past ``cap``, is
+    decompressed."""
+
+    def __init__(self, ratio: int, cap: int) -> None:
+        self.ratio = ratio
+        self.cap = cap
+        self.gz = zlib.decompressobj(wbits=31)
+        self.received = 0
+        self.expanded = 0
+
+    def feed(self, data: bytes, out: BinaryIO) -> None:
+        self.received += len(data)
+        try:
+            while data:
+                if self.gz.eof:  # the next member of a multi-member file
+                    self.gz = zlib.decompressobj(wbits=31)
+                allowed = min(max(self.ratio * self.received, RATIO_FLOOR), self.cap)
+                block = self.gz.decompress(data, min(allowed - self.expanded + 1, _PIECE))
+                self.expanded += len(block)
+                self._check()
+                out.write(block)
+                data = self.gz.unused_data if self.gz.eof else self.gz.unconsumed_tail
+        except zlib.error as exc:
+            raise SnapshotRefused(f"truncated or bad gzip data: {exc}") from None
+
+    def _check(self) -> None:
+        if self.expanded > self.cap:
+            raise PayloadTooLarge(
+                f"the gzip data expands past {self.cap} bytes (VRAMLAB_MAX_SNAPSHOT_EXPANDED_BYTES)"
+            )
+        if self.expanded > max(self.ratio * self.received, RATIO_FLOOR):
+            raise PayloadTooLarge(
+                f"the gzip data expands more than {self.ratio} times its size "
+                f"(VRAMLAB_MAX_SNAPSHOT_GZIP_RATIO = {self.ratio}): its first "
+                f"{self.received} bytes already gave {self.expanded}; refused as a gzip bomb"
+            )
+
+    def finish(self) -> None:
+        if not self.gz.eof:
+            raise SnapshotRefused("truncated gzip data: the upload ends inside a member")
+
+
 async def receive(chunks: AsyncIterator[bytes], settings: Settings) -> Upload:
-    """Stream a request body to a temp file, counting and hashing; never held whole."""
+    """Stream a request body to a temp file, counting and hashing; never held whole.
+
+    A gzipped body is expanded as it arrives (the file holds the pickle), so that its
+    expansion ratio is checked before the next bytes are read (``_Expander``)."""
     folder = Path(tempfile.mkdtemp(prefix="vramlab-snapshot-"))
     path = folder / "upload"
     digest = hashlib.sha256()
     size = 0
-    head = b""
+    pending: list[bytes] = []
+    waiting = 0
+    expander: _Expander | None = None
+    first = True
+
+    def write(data: bytes, out: BinaryIO) -> None:
+        nonlocal expander, first
+        if first and data[:2] == GZIP_MAGIC:
+            expander = _Expander(
+                settings.max_snapshot_gzip_ratio, settings.max_snapshot_expanded_bytes
+            )
+        first = False
+        if expander is not None:
+            expander.feed(data, out)
+        else:
+            out.write(data)
+
     try:
         with path.open("wb") as out:
             async for chunk in chunks:
@@ -82,17 +157,23 @@ async def receive(chunks: AsyncIterator[bytes], settings: Settings) -> Upload:
                         f"a snapshot upload may be at most {settings.max_snapshot_bytes} bytes "
                         "(VRAMLAB_MAX_SNAPSHOT_BYTES)"
                     )
-                if len(head) < 2:
-                    head += chunk[:2]
                 digest.update(chunk)
-                out.write(chunk)
+                pending.append(chunk)
+                waiting += len(chunk)
+                if waiting < _BATCH:
+                    continue
+                data, pending, waiting = b"".join(pending), [], 0
+                await run_in_threadpool(write, data, out)
+            await run_in_threadpool(write, b"".join(pending), out)
+            if expander is not None:
+                expander.finish()
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
     if size == 0:
         shutil.rmtree(folder, ignore_errors=True)
         raise SnapshotRefused("the body is empty: send the snapshot file as the request body")
-    return Upload(folder, path, size, digest.hexdigest(), head[:2] == b"\x1f\x8b")
+    return Upload(folder, path, size, digest.hexdigest(), expander is not None)
 
 
 def _limits(memory: int, seconds: float) -> Callable[[], None]:
@@ -278,9 +359,15 @@ def discard(upload: Upload) -> None:
 
 
 def get(session: Session, snapshot_id: str) -> Experiment:
-    exp = session.get(Experiment, snapshot_id)
-    if exp is None or exp.kind != KIND:
-        raise NotFound(f"no snapshot {snapshot_id!r}")
+    """By its id or a unique prefix of it among snapshots (``app.services.ids``)."""
+    exp: Experiment = ids.resolve(
+        session,
+        Experiment,
+        snapshot_id,
+        noun="snapshot",
+        field="snapshot_id",
+        where=(Experiment.kind == KIND,),
+    )
     return exp
 
 

@@ -24,12 +24,12 @@ from sqlalchemy.orm import Session
 from app.catalog.scenario import MAX_PLANNED_STEPS
 from app.contract import ErrorType, Figure, Result, Status
 from app.core.config import Settings
-from app.errors import InvalidSpec, NotFound
+from app.errors import InvalidSpec
 from app.models import Experiment, ExperimentTag, Sweep
 from app.plots.chart import Chart, Line
 from app.schemas.results import SweepIn, SweepOut, SweepRow
 from app.schemas.spec import ExperimentSpec
-from app.services import experiments
+from app.services import experiments, ids
 from app.services.signals import WorkSignal
 from app.services.specs import AcceptedSpec, PlanCache, accept
 
@@ -199,9 +199,8 @@ def create(
 
 
 def get(session: Session, sweep_id: str) -> Sweep:
-    sweep = session.get(Sweep, sweep_id)
-    if sweep is None:
-        raise NotFound(f"no sweep {sweep_id!r}")
+    """By its id or a unique prefix of it (``app.services.ids``)."""
+    sweep: Sweep = ids.resolve(session, Sweep, sweep_id, noun="sweep", field="sweep_id")
     return sweep
 
 

@@ -219,3 +219,22 @@ def test_metrics_can_require_a_token(database_url: str) -> None:
         assert anonymous.status_code == 401
         scraped = httpx.get(f"{live.url}/metrics", headers=bearer(reader))
         assert scraped.status_code == 200 and "vramlab_experiments" in scraped.text
+
+
+def test_a_malformed_submit_without_a_token_is_refused_before_it_is_read(
+    database_url: str,
+) -> None:
+    """Authentication comes first: a stranger learns of no field errors."""
+    token = create_token(database_url, "submit")
+    with LiveServer(make_settings(database_url, auth="on")) as live:
+        url = f"{live.url}/v1/experiments"
+        for body in ({"op": 3, "shape": "x"}, {"nonsense": True}, []):
+            response = httpx.post(url, json=body)
+            assert response.status_code == 401, response.text
+            assert response.json()["error"]["type"] == "unauthorized"
+            assert response.headers["WWW-Authenticate"] == "Bearer"
+        assert httpx.post(url, content=b"{not json", headers=bearer("nope")).status_code == 401
+        # With a token, the same body gets its field errors.
+        response = httpx.post(url, json={"op": 3, "shape": "x"}, headers=bearer(token))
+        assert response.status_code == 422
+        assert {"op", "shape"} <= {d["field"] for d in response.json()["error"]["details"]}

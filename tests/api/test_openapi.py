@@ -5,6 +5,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from app.api.openapi import WORKER_TAG
@@ -61,3 +62,22 @@ def test_the_worker_protocol_is_marked_internal(doc: dict[str, Any]) -> None:
         assert op["operationId"].startswith("worker_") == internal, path
     tag = next(t for t in doc["tags"] if t["name"] == WORKER_TAG)
     assert tag["x-internal"] is True and "INTERNAL" in tag["description"]
+
+
+def test_options_answers_every_method_of_every_path(client: httpx.Client) -> None:
+    """``Allow`` names what the path answers, whichever of its routes FastAPI tried first."""
+    response = client.options("/v1/experiments")
+    assert response.status_code == 204, response.text
+    assert response.headers["Allow"] == "GET, OPTIONS, POST"
+    put = client.put("/v1/experiments", json={})
+    assert put.status_code == 405 and put.json()["error"]["type"] == "method_not_allowed"
+    assert put.headers["Allow"] == "GET, OPTIONS, POST"
+    paths = client.get("/openapi.json").json()["paths"]
+    for path, operations in paths.items():
+        url = re.sub(r"\{[^}]+\}", "x", path)
+        allow = client.options(url).headers.get("Allow", "")
+        documented = {m.upper() for m in operations if m != "parameters"}
+        assert documented <= set(allow.split(", ")), (path, allow)
+    # HEAD is named only where it is answered.
+    head = client.head("/v1/experiments")
+    assert head.status_code == 405 and "HEAD" not in head.headers["Allow"]

@@ -303,3 +303,44 @@ def test_vramlab_up_without_its_worker_stops(tmp_path: Path) -> None:
     text = log.read_text()
     assert code != 0, text[-3000:]
     assert "no usable CUDA device" in text and "stopping the API" in text
+
+
+def test_an_idle_vramlab_up_is_quiet_and_verbose_says_more(tmp_path: Path) -> None:
+    """An idle worker long-polls its claim again and again: `up` logs none of those empty
+    claims (neither the API's access line nor the worker's HTTP line) unless --verbose."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "up.log"
+    env = env_for(f"sqlite:///{tmp_path / 'up.db'}", VRAMLAB_CLAIM_WAIT_SECONDS="0.2")
+    up = start(["up", "--port", str(port), "--device", "cpu"], env, log)
+    try:
+        wait_ready(url, up)
+        _wait_for_a_worker(url, up)
+        seen: set[str] = set()
+        deadline = time.monotonic() + 120
+        while len(seen) < 10:  # the worker has claimed, found nothing, and claimed again
+            assert time.monotonic() < deadline, "the worker stopped claiming"
+            seen |= {w["last_seen_at"] for w in _live_workers(url)}
+            time.sleep(0.1)
+    finally:
+        code = stop(up)
+    text = log.read_text()
+    assert code == 0, text[-3000:]
+    assert "GET /v1/workers" in text  # the access log is on
+    assert "/v1/worker/claim" not in text, text[-3000:]
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log = tmp_path / "serve.log"
+    api = start(["serve", "--port", str(port), "--verbose"], env, log)
+    try:
+        wait_ready(url, api)
+        worker = httpx.post(
+            f"{url}/v1/worker/register",
+            json={"name": "w", "capabilities": {"device_types": ["cpu"]}},
+        ).json()["worker_id"]
+        claim = httpx.post(f"{url}/v1/worker/claim", json={"worker_id": worker, "wait_s": 0})
+        assert claim.status_code == 204
+    finally:
+        stop(api)
+    assert '"POST /v1/worker/claim HTTP/1.1" 204' in log.read_text()

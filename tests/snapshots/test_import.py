@@ -168,3 +168,33 @@ def test_metrics_count_snapshots_apart_from_experiments(client: httpx.Client) ->
     text = client.get("/metrics").text
     assert 'vramlab_experiments{status="succeeded"} 0.0' in text
     assert "vramlab_snapshots 1.0" in text
+
+
+def test_a_multipart_upload_is_imported(client: httpx.Client) -> None:
+    """What `curl -F file=@snap.pickle` sends works as the raw body does."""
+    body = gzip.compress(dumps(training_snapshot(iterations=1)))
+    response = client.post(
+        "/v1/snapshots",
+        params={"name": "form"},
+        files={"file": ("snap.pickle.gz", body, "application/octet-stream")},
+    )
+    assert response.status_code == 201, response.text
+    out = response.json()
+    assert out["name"] == "form" and out["gzipped"] and out["entries"] > 0
+    # A file under another name is still the one file of the form.
+    other = client.post("/v1/snapshots", files={"snapshot": ("s.pickle", dumps({"x": 1}))})
+    assert other.status_code == 422 and "not a memory snapshot" in other.text
+    # A form without a file says how to send one.
+    empty = client.post("/v1/snapshots", files={"name": (None, "x")})
+    assert empty.status_code == 422
+    message = empty.json()["error"]["message"]
+    assert "no `file` field" in message and "-F file=@snap.pickle" in message
+
+
+def test_the_docs_show_how_to_upload(client: httpx.Client) -> None:
+    operation = client.get("/openapi.json").json()["paths"]["/v1/snapshots"]["post"]
+    assert set(operation["requestBody"]["content"]) == {
+        "application/octet-stream",
+        "multipart/form-data",
+    }
+    assert "-F file=@snap.pickle" in operation["description"]

@@ -89,3 +89,30 @@ def test_deep_nesting_is_refused(client: httpx.Client) -> None:
 )
 def test_what_is_not_a_snapshot_is_refused(client: httpx.Client, body: bytes, words: str) -> None:
     assert words in _refused(post(client, body), 422, "snapshot_refused")
+
+
+def test_a_gzip_bomb_is_refused_by_its_ratio_as_it_arrives(client: httpx.Client) -> None:
+    """4 GiB of zeros in about 4 MB (gzip members of 1 MiB each, one after another),
+    under the default limits: refused by its expansion ratio within its first MiB."""
+    member = gzip.compress(b"\0" * 2**20, compresslevel=9)
+    bomb = member * 4096
+    assert len(bomb) < 5 * 2**20
+    message = _refused(post(client, bomb), 413, "payload_too_large")
+    assert "more than 200 times" in message and "VRAMLAB_MAX_SNAPSHOT_GZIP_RATIO" in message
+    read = int(message.split("its first ")[1].split(" bytes")[0])
+    assert read <= 2**20
+    # The API is free for the next import at once.
+    ok = post(client, gzip.compress(pickle.dumps({"segments": [], "device_traces": [[]]})))
+    assert ok.status_code in (201, 422), ok.text
+
+
+def test_a_gzipped_snapshot_in_several_members_is_read(client: httpx.Client) -> None:
+    from tests.snapshots.synthetic import dumps, training_snapshot
+
+    body = dumps(training_snapshot(iterations=1))
+    half = len(body) // 2
+    response = post(client, gzip.compress(body[:half]) + gzip.compress(body[half:]))
+    assert response.status_code == 201, response.text
+    assert response.json()["gzipped"]
+    truncated = post(client, gzip.compress(body)[:-9])
+    assert _refused(truncated, 422, "snapshot_refused").startswith("truncated")

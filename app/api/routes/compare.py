@@ -18,7 +18,14 @@ router = APIRouter(
     responses=ERROR_RESPONSES,
     dependencies=[require("read")],
 )
-Ids = Annotated[str, Query(max_length=400, description="experiment ids, separated by commas")]
+Ids = Annotated[
+    str,
+    Query(
+        max_length=400,
+        description="experiment or snapshot ids, or unique prefixes of them (4 characters or "
+        "more), separated by commas",
+    ),
+]
 
 
 @router.get("", response_model=CompareOut, summary="Compare experiments")

@@ -7,6 +7,7 @@ from fastapi import APIRouter, Header, Query, Response
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import (
+    AuthenticateFirst,
     ExperimentDep,
     NowDep,
     OneTripDep,
@@ -20,7 +21,12 @@ from app.schemas.experiment import ExperimentOut, ExperimentPage
 from app.schemas.spec import ExperimentSpec
 from app.services import experiments, submissions
 
-router = APIRouter(prefix="/v1/experiments", tags=["experiments"], responses=ERROR_RESPONSES)
+router = APIRouter(
+    prefix="/v1/experiments",
+    tags=["experiments"],
+    responses=ERROR_RESPONSES,
+    route_class=AuthenticateFirst,
+)
 
 
 @router.post("", status_code=202, response_model=ExperimentOut, summary="Queue an experiment")

@@ -1,25 +1,26 @@
 """Memory snapshots users recorded from their own programs: import, read, and the views
 an experiment has (trace and its exports, peak, timeline).
 
-The upload is the snapshot file itself as the request body (a pickle as
-``torch.cuda.memory._dump_snapshot`` writes it, or gzipped), streamed to a temp file and
-parsed as data in a bounded child process; it never reaches an unpickler that resolves
-globals. The request's database session opens only after parsing: a long upload holds
-no lock.
+The upload is the snapshot file (a pickle as ``torch.cuda.memory._dump_snapshot``
+writes it, or gzipped), as the request body itself or as the ``file`` field of a
+multipart form (``curl -F file=@snap.pickle``); streamed to a temp file and parsed as
+data in a bounded child process, it never reaches an unpickler that resolves globals.
+The request's database session opens only after parsing: a long upload holds no lock.
 """
 
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response, StreamingResponse
+from starlette.datastructures import FormData, UploadFile
 
-from app.api.deps import NowDep, SessionDep, SettingsDep, get_db, require
+from app.api.deps import SHORT_ID, NowDep, SessionDep, SettingsDep, get_db, require
 from app.api.figures import FIGURE_RESPONSES, FigureFormat, respond
 from app.api.routes import traces as trace_routes
-from app.contract import Figure
+from app.contract import TRACE_ACTIONS, Figure, TraceAction
 from app.core.db import Database
 from app.errors import ERROR_RESPONSES, TooManyRequests
 from app.models import Experiment
@@ -31,17 +32,26 @@ from app.services.auth import Principal
 
 router = APIRouter(prefix="/v1/snapshots", tags=["snapshots"], responses=ERROR_RESPONSES)
 DbDep = Annotated[Database, Depends(get_db)]
+_FILE = {"type": "string", "format": "binary"}
 _BODY = {
     "requestBody": {
         "required": True,
-        "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        "content": {
+            "application/octet-stream": {"schema": _FILE},
+            "multipart/form-data": {
+                "schema": {"type": "object", "properties": {"file": _FILE}, "required": ["file"]}
+            },
+        },
         "description": "the snapshot file: a pickle from torch.cuda.memory._dump_snapshot, "
-        "or the same gzipped",
+        "or the same gzipped; the body itself or a form's `file` field",
     }
 }
+_READ = 2**20
 
 
-def snapshot(s: SessionDep, snapshot_id: Annotated[str, Path(max_length=64)]) -> Experiment:
+def snapshot(
+    s: SessionDep, snapshot_id: Annotated[str, Path(max_length=64, description=SHORT_ID)]
+) -> Experiment:
     return snapshots.get(s, snapshot_id)
 
 
@@ -81,9 +91,16 @@ async def import_snapshot(
     tag: Annotated[list[Tag] | None, Query(max_length=32)] = None,
     device: Annotated[int | None, Query(ge=0, le=63, description="default: the busiest")] = None,
 ) -> SnapshotOut:
-    """A pickle that names any class or function is refused (422 ``snapshot_refused``)
+    """Send the file as the body or as a form's `file` field:
+
+        curl -X POST 'localhost:8000/v1/snapshots?name=train' --data-binary @snap.pickle
+        curl -X POST 'localhost:8000/v1/snapshots?name=train' -F file=@snap.pickle
+
+    A pickle that names any class or function is refused (422 ``snapshot_refused``)
     and nothing in it runs; so are gzip data that expands past
-    ``VRAMLAB_MAX_SNAPSHOT_EXPANDED_BYTES`` (413) and data that is not a snapshot (422)."""
+    ``VRAMLAB_MAX_SNAPSHOT_EXPANDED_BYTES`` or more than
+    ``VRAMLAB_MAX_SNAPSHOT_GZIP_RATIO`` times its size (413, as it arrives) and data that
+    is not a snapshot (422)."""
     gate: threading.BoundedSemaphore = request.app.state.snapshot_slots
     if not gate.acquire(blocking=False):
         raise TooManyRequests(
@@ -92,7 +109,11 @@ async def import_snapshot(
             headers={"Retry-After": "10"},
         )
     try:
-        upload = await snapshots.receive(request.stream(), settings)
+        if _is_form(request):
+            async with request.form(max_files=1, max_fields=16) as form:
+                upload = await snapshots.receive(_form_file(form), settings)
+        else:
+            upload = await snapshots.receive(request.stream(), settings)
         try:
             parsed = await run_in_threadpool(snapshots.parse, upload, settings, device)
             return await run_in_threadpool(
@@ -102,6 +123,29 @@ async def import_snapshot(
             snapshots.discard(upload)
     finally:
         gate.release()
+
+
+def _is_form(request: Request) -> bool:
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    return media == "multipart/form-data"
+
+
+async def _form_file(form: FormData) -> AsyncIterator[bytes]:
+    """The form's file (spooled to disk by the form parser), read back a MiB at a time."""
+    file = form.get("file")
+    if not isinstance(file, UploadFile):
+        files = [k for k, v in form.multi_items() if isinstance(v, UploadFile)]
+        if len(files) != 1:
+            fields = ", ".join(sorted(set(form.keys()))) or "none"
+            raise snapshots.SnapshotRefused(
+                f"the form has no `file` field with the snapshot file (its fields: {fields}): "
+                "send `-F file=@snap.pickle`, or the file itself as the body "
+                "(`--data-binary @snap.pickle`)"
+            )
+        file = form[files[0]]
+        assert isinstance(file, UploadFile)
+    while chunk := await file.read(_READ):
+        yield chunk
 
 
 @router.get(
@@ -179,7 +223,10 @@ def trace(
     format: Literal["json", "ndjson", "memory_viz", "chrome"] = "json",
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-    action: Annotated[list[str] | None, Query()] = None,
+    action: Annotated[
+        list[TraceAction] | None,
+        Query(max_length=len(TRACE_ACTIONS), description="events of these actions only"),
+    ] = None,
     min_size: Annotated[int, Query(ge=0, le=2**62)] = 0,
 ) -> Any:
     """``memory_viz`` gives back the snapshot's own segments with its trace, so PyTorch's

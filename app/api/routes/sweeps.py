@@ -5,7 +5,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Path
 from fastapi.responses import PlainTextResponse, Response
 
-from app.api.deps import NowDep, SessionDep, SettingsDep, SignalDep, get_db, require
+from app.api.deps import SHORT_ID, NowDep, SessionDep, SettingsDep, SignalDep, get_db, require
 from app.api.figures import FIGURE_RESPONSES, FigureFormat, respond
 from app.core.db import Database
 from app.errors import ERROR_RESPONSES
@@ -15,7 +15,7 @@ from app.services.auth import Principal
 from app.services.specs import AcceptedSpec
 
 router = APIRouter(prefix="/v1/sweeps", tags=["sweeps"], responses=ERROR_RESPONSES)
-SweepId = Annotated[str, Path(max_length=64)]
+SweepId = Annotated[str, Path(max_length=64, description=SHORT_ID)]
 
 
 def planned_sweep(

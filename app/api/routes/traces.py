@@ -10,6 +10,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from app.api.deps import DatabaseDep, ExperimentDep, SessionDep, require
+from app.contract import TRACE_ACTIONS, TraceAction
 from app.core.db import Database
 from app.errors import ERROR_RESPONSES
 from app.services import exports, memory_viz, traces
@@ -54,13 +55,16 @@ def trace(
     format: Literal["json", "ndjson", "memory_viz", "chrome"] = "json",
     offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-    action: Annotated[list[str] | None, Query()] = None,
+    action: Annotated[
+        list[TraceAction] | None,
+        Query(max_length=len(TRACE_ACTIONS), description="events of these actions only"),
+    ] = None,
     min_size: Annotated[int, Query(ge=0, le=2**62)] = 0,
 ) -> Any:
     """``offset`` counts matching events. ``json`` pages; ``ndjson`` streams every match.
     ``memory_viz`` (a pickle for pytorch.org/memory_viz) and ``chrome`` (trace-event JSON)
     stream the whole trace; filters do not apply to them."""
-    actions = set(action) if action else None
+    actions: set[str] | None = set(action) if action else None
     if format in EXPORTS:
         media, ext = EXPORTS[format]
         return StreamingResponse(
