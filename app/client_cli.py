@@ -83,7 +83,7 @@ def _wait(client: httpx.Client, exp_id: str, poll_s: float, give_up_s: float) ->
         now = time.monotonic()
         queue = exp.get("queue") or {}
         detail = queue.get("reason") or ""
-        _status_line(f"{exp_id[:8]} {exp['status']} {now - started:5.1f}s {detail}")
+        _status_line(f"{exp_id[:8]} {_said(exp)} {now - started:5.1f}s {detail}")
         if exp["status"] in TERMINAL:
             sys.stderr.write("\n")
             return exp
@@ -150,14 +150,22 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
     return spec
 
 
+def _said(exp: dict[str, Any]) -> str:
+    """The status as the API words it for people (an expected refusal as the answer)."""
+    return str(exp.get("status_line") or exp["status"])
+
+
 def show_experiment(exp: dict[str, Any]) -> None:
     spec = exp["spec"]
     print(
-        f"{exp['id']}  {exp['status']}  {spec['op']} {'x'.join(map(str, spec['shape']))} "
+        f"{exp['id']}  {_said(exp)}  {spec['op']} {'x'.join(map(str, spec['shape']))} "
         f"{spec['dtype']} {spec['device']}"
     )
+    for note in exp.get("preset_notes") or []:
+        print(f"note: {note}")
     if exp.get("error"):
-        print(f"error: {exp['error']['type']}: {exp['error']['message']}")
+        said = "PyTorch's refusal" if exp.get("expected_refusal") else "error"
+        print(f"{said}: {exp['error']['type']}: {exp['error']['message']}")
     result = _result(exp)
     if result is None:
         return
@@ -186,7 +194,8 @@ def _finish_submit(client: httpx.Client, exp: dict[str, Any], args: argparse.Nam
         show_experiment(exp)
     else:
         print(exp["id"])
-    return 0 if not args.wait or exp["status"] == Status.SUCCEEDED else 1
+    answered = exp["status"] == Status.SUCCEEDED or exp.get("expected_refusal")
+    return 0 if not args.wait or answered else 1
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -257,7 +266,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         rows.append(
             (
                 e["id"][:8],
-                e["status"],
+                _said(e),
                 s["op"],
                 "x".join(map(str, s["shape"])),
                 s["dtype"],

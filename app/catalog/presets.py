@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.catalog.model import CatalogError
+from app.contract import ErrorType
 
 SIZES = ("small", "medium", "large")
 # Where a reader finds what an article claims and what the presets measured.
@@ -27,6 +28,15 @@ class PresetError(CatalogError):
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """A preset whose answer is that PyTorch refuses: a failure of type ``error`` is that
+    answer, said in a few words by ``answer``."""
+
+    error: ErrorType
+    answer: str
+
+
+@dataclass(frozen=True)
 class Preset:
     name: str
     question: str
@@ -35,6 +45,15 @@ class Preset:
     build: Builder  # (device, dtype, size) -> spec
     default_dtype: str = "float32"
     needs_cuda: bool = False
+    # Set where the question's answer is a refusal: the experiment fails, as expected.
+    refusal: Refusal | None = None
+
+    def expected_refusal(self, error_type: str | None) -> str | None:
+        """The preset's answer when a run failed with ``error_type``: the refusal it
+        expects, else None (no failure, or one that answers nothing)."""
+        if self.refusal is None or error_type != self.refusal.error:
+            return None
+        return self.refusal.answer
 
     def spec(self, device: str = "cuda", dtype: str | None = None, size: str = "medium") -> Spec:
         if size not in SIZES:
@@ -57,6 +76,7 @@ class Preset:
             "article_id": self.article,
             "example": self.example,
             "needs_cuda": self.needs_cuda,
+            "expected_refusal": self.refusal.answer if self.refusal else None,
             "default_dtype": self.default_dtype,
             "spec": self.spec("cuda", None, "medium"),
         }
@@ -347,6 +367,7 @@ _ALL = (
         "002",
         "Example 3",
         _inplace(True),
+        refusal=Refusal(ErrorType.AUTOGRAD_ERROR, "autograd refuses this"),
     ),
     Preset(
         "inplace_add_no_grad",
@@ -370,6 +391,9 @@ _ALL = (
         "Example 2",
         _model(True),
         needs_cuda=True,
+        refusal=Refusal(
+            ErrorType.DEVICE_MISMATCH, "PyTorch refuses inputs on two devices (no silent CPU run)"
+        ),
     ),
     Preset(
         "model_moved_to_gpu",
@@ -392,6 +416,7 @@ _ALL = (
         "Clear explanation",
         _mixed("tensor_tensor"),
         needs_cuda=True,
+        refusal=Refusal(ErrorType.DEVICE_MISMATCH, "PyTorch refuses inputs on two devices"),
     ),
     Preset(
         "cpu_scalar_with_gpu_tensor",

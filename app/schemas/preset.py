@@ -18,6 +18,11 @@ class PresetOut(BaseModel):
     article_id: str = Field(description="the article (000-003) whose code it measures")
     example: str
     needs_cuda: bool
+    expected_refusal: str | None = Field(
+        default=None,
+        description="where the preset's answer is a refusal by PyTorch: that refusal (a run "
+        "that fails with it has answered the question)",
+    )
     default_dtype: str
     spec: dict[str, Any] = Field(description="the spec it queues at size medium on cuda")
 

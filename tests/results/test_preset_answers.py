@@ -1,0 +1,96 @@
+"""A preset's run read against its question: an expected refusal is the preset's answer,
+said first in the status line of `vramlab ls`, `show` and the pages (the test plays the
+worker over the protocol)."""
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import LiveServer, fresh_database, make_settings
+from tests.helpers import CPU_CAPS, MEMORY, claim, register
+from tests.results.test_cli import run
+
+
+@pytest.fixture
+def live(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LiveServer]:
+    for url in fresh_database("sqlite", request, tmp_path):
+        with LiveServer(make_settings(url)) as server:
+            yield server
+
+
+@pytest.fixture
+def client(live: LiveServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=live.url, timeout=30) as c:
+        yield c
+
+
+def _run_preset(
+    client: httpx.Client, name: str, outcome: dict[str, Any], device: str = "cpu"
+) -> dict[str, Any]:
+    """Queue the preset, then finish it as a CPU worker would with ``outcome``."""
+    queued = client.post(f"/v1/presets/{name}/runs", json={"device": device, "size": "small"})
+    assert queued.status_code == 202, queued.text
+    got = claim(client, register(client, CPU_CAPS))
+    assert got is not None and got["id"] == queued.json()["id"]
+    body = {"lease_token": got["lease_token"], **outcome}
+    posted = client.post(f"/v1/worker/experiments/{got['id']}/result", json=body)
+    assert posted.status_code == 200, posted.text
+    done: dict[str, Any] = client.get(f"/v1/experiments/{got['id']}").json()
+    return done
+
+
+AUTOGRAD_REFUSAL = {
+    "status": "failed",
+    "error": {
+        "type": "autograd_error",
+        "message": "a leaf Variable that requires grad is being used in an in-place operation.",
+    },
+    "result": {"memory": MEMORY},
+}
+
+
+def test_an_expected_refusal_is_the_answer_first(live: LiveServer, client: httpx.Client) -> None:
+    listing = {p["name"]: p for p in client.get("/v1/presets").json()}
+    assert listing["inplace_add_requires_grad"]["expected_refusal"] == "autograd refuses this"
+    assert listing["inplace_add_no_grad"]["expected_refusal"] is None
+
+    done = _run_preset(client, "inplace_add_requires_grad", AUTOGRAD_REFUSAL)
+    assert done["status"] == "failed"  # stored as it happened
+    assert done["expected_refusal"] == "autograd refuses this"
+    assert done["status_line"] == "answered: autograd refuses this (expected)"
+
+    listed = run(live.url, "ls")
+    row = next(line for line in listed.stdout.splitlines() if line.startswith(done["id"][:8]))
+    assert row.split("  ")[1].strip() == "answered: autograd refuses this (expected)"
+    shown = run(live.url, "show", done["id"][:8])
+    first = shown.stdout.splitlines()[0]
+    assert first.startswith(f"{done['id']}  answered: autograd refuses this (expected)"), first
+    assert "failed" not in first
+
+    page = client.get(f"/ui/experiments/{done['id']}").text
+    assert 'id="status" class="status-answered">answered: autograd refuses this (expected)<' in (
+        page
+    )
+    assert 'id="answer"' in page and 'id="error"' not in page
+    index = client.get("/ui/").text
+    assert ">answered: autograd refuses this (expected)</td>" in index
+
+
+def test_another_failure_stays_a_failure(live: LiveServer, client: httpx.Client) -> None:
+    oom = {"status": "failed", "error": {"type": "oom", "message": "out of memory"}}
+    done = _run_preset(client, "inplace_add_requires_grad", oom)
+    assert done["expected_refusal"] is None and done["status_line"] == "failed (oom)"
+    assert f"{done['id']}  failed (oom)" in run(live.url, "show", done["id"]).stdout
+    page = client.get(f"/ui/experiments/{done['id']}").text
+    assert 'id="error"' in page and 'id="answer"' not in page
+
+
+def test_a_refusal_preset_that_succeeds_says_it_was_not_refused(client: httpx.Client) -> None:
+    done = _run_preset(
+        client, "inplace_add_requires_grad", {"status": "succeeded", "result": {"memory": MEMORY}}
+    )
+    assert done["status_line"] == "succeeded"
+    assert any("expects PyTorch to refuse" in n for n in done["preset_notes"])
