@@ -223,10 +223,21 @@ def cmd_presets(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(listing)
         return 0
-    rows = [(p["name"], "cuda" if p["needs_cuda"] else "any", p["question"][:70]) for p in listing]
+    rows = [(p["name"], _preset_device(p), p["question"][:70]) for p in listing]
     print(table(["preset", "device", "question"], rows))
+    if any(p.get("gpu_question") for p in listing):
+        print(
+            "\n* a question about the GPU: on the CPU it runs, and says that it does not answer it",
+            file=sys.stderr,
+        )
     print("\nrun one: vramlab run PRESET [--device cpu|cuda] [--wait]", file=sys.stderr)
     return 0
+
+
+def _preset_device(preset: dict[str, Any]) -> str:
+    if preset["needs_cuda"]:
+        return "cuda"
+    return "cuda*" if preset.get("gpu_question") else "any"
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:

@@ -23,6 +23,11 @@ class PresetOut(BaseModel):
         description="where the preset's answer is a refusal by PyTorch: that refusal (a run "
         "that fails with it has answered the question)",
     )
+    gpu_question: str | None = Field(
+        default=None,
+        description="where the question is about the GPU but the preset also runs on the "
+        "CPU: what it asks about (a CPU run says that it does not answer it)",
+    )
     default_dtype: str
     spec: dict[str, Any] = Field(description="the spec it queues at size medium on cuda")
 

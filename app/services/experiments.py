@@ -419,7 +419,7 @@ def to_out(exp: Experiment, queue: QueueInfo | None = None) -> ExperimentOut:
                 "details": exp.error_details,
             }
         )
-    said = answers.answer(Status(exp.status), exp.preset, exp.error_type)
+    said = answers.answer(Status(exp.status), exp.preset, exp.error_type, exp.device)
     return ExperimentOut(
         id=exp.id,
         kind=exp.kind,  # type: ignore[arg-type]

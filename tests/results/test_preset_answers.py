@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer, fresh_database, make_settings
-from tests.helpers import CPU_CAPS, MEMORY, claim, register
+from tests.helpers import CPU_CAPS, CUDA_CAPS, MEMORY, claim, register
 from tests.results.test_cli import run
 
 
@@ -94,3 +94,40 @@ def test_a_refusal_preset_that_succeeds_says_it_was_not_refused(client: httpx.Cl
     )
     assert done["status_line"] == "succeeded"
     assert any("expects PyTorch to refuse" in n for n in done["preset_notes"])
+
+
+def test_a_gpu_question_run_without_a_gpu_says_so(live: LiveServer, client: httpx.Client) -> None:
+    listing = {p["name"]: p for p in client.get("/v1/presets").json()}
+    assert listing["transfer_pageable"]["gpu_question"] == "a host-to-GPU copy"
+    assert listing["elementwise_add"]["gpu_question"] is None
+    ok = {"status": "succeeded", "result": {"memory": MEMORY}}
+    done = _run_preset(client, "transfer_pageable", ok)
+    assert done["spec"]["device"] == "cpu"
+    assert done["status_line"] == "succeeded (no GPU: question not answered)"
+    [note] = done["preset_notes"]
+    assert note.startswith("Ran without a GPU (on cpu): this preset asks about a host-to-GPU copy")
+    assert "CPU-to-CPU copy" in note
+
+    shown = run(live.url, "show", done["id"]).stdout.splitlines()
+    assert shown[1] == f"note: {note}"  # said right under the status line
+    assert "(no GPU: question not answered)" in run(live.url, "ls").stdout
+    page = client.get(f"/ui/experiments/{done['id']}").text
+    assert 'class="caveat preset-note">Ran without a GPU (on cpu)' in page
+    presets = run(live.url, "presets")
+    row = next(line for line in presets.stdout.splitlines() if line.startswith("transfer_pageable"))
+    assert row.split()[1] == "cuda*" and "a question about the GPU" in presets.stderr
+
+    # A question that is not about the GPU answers on the CPU without a note.
+    plain = _run_preset(client, "elementwise_add", ok)
+    assert plain["status_line"] == "succeeded" and plain["preset_notes"] == []
+
+
+def test_a_gpu_question_that_ran_on_a_gpu_has_no_note(client: httpx.Client) -> None:
+    queued = client.post("/v1/presets/transfer_pageable/runs", json={"device": "cuda"}).json()
+    assert queued["status_line"] == "queued" and queued["preset_notes"] == []
+    got = claim(client, register(client, CUDA_CAPS))
+    assert got is not None and got["id"] == queued["id"]
+    body = {"lease_token": got["lease_token"], "status": "succeeded", "result": {"memory": MEMORY}}
+    assert client.post(f"/v1/worker/experiments/{got['id']}/result", json=body).status_code == 200
+    done = client.get(f"/v1/experiments/{got['id']}").json()
+    assert done["status_line"] == "succeeded" and done["preset_notes"] == []
