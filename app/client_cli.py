@@ -10,7 +10,9 @@ experiment may be named by a unique prefix of its id (the 8 characters ``ls`` pr
 import argparse
 import json
 import os
+import shutil
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -223,7 +225,14 @@ def cmd_presets(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(listing)
         return 0
-    rows = [(p["name"], _preset_device(p), p["question"][:70]) for p in listing]
+    names = max([len("preset"), *(len(p["name"]) for p in listing)])
+    # The question wraps at word boundaries to what the terminal has left, never cut.
+    room = max(30, shutil.get_terminal_size((120, 24)).columns - names - len("device") - 5)
+    rows: list[tuple[str, str, str]] = []
+    for p in listing:
+        lines = textwrap.wrap(p["question"], room, break_on_hyphens=False) or [""]
+        rows.append((p["name"], _preset_device(p), lines[0]))
+        rows += [("", "", more) for more in lines[1:]]
     print(table(["preset", "device", "question"], rows))
     if any(p.get("gpu_question") for p in listing):
         print(

@@ -2,6 +2,7 @@
 said first in the status line of `vramlab ls`, `show` and the pages (the test plays the
 worker over the protocol)."""
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -11,7 +12,7 @@ import pytest
 
 from tests.conftest import LiveServer, fresh_database, make_settings
 from tests.helpers import CPU_CAPS, CUDA_CAPS, MEMORY, claim, register
-from tests.results.test_cli import run
+from tests.results.test_cli import VRAMLAB, _env, run
 
 
 @pytest.fixture
@@ -131,3 +132,25 @@ def test_a_gpu_question_that_ran_on_a_gpu_has_no_note(client: httpx.Client) -> N
     assert client.post(f"/v1/worker/experiments/{got['id']}/result", json=body).status_code == 200
     done = client.get(f"/v1/experiments/{got['id']}").json()
     assert done["status_line"] == "succeeded" and done["preset_notes"] == []
+
+
+def test_presets_wraps_questions_at_words(live: LiveServer, client: httpx.Client) -> None:
+    questions = {p["name"]: p["question"] for p in client.get("/v1/presets").json()}
+    env = {**_env(live.url), "COLUMNS": "80"}
+    listed = subprocess.run(
+        [*VRAMLAB, "presets"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()
+    start = lines[0].index("question")
+    shown: dict[str, list[str]] = {}
+    for line in lines[2:]:
+        assert len(line.rstrip()) <= 80, line
+        name = line[:start].split()[0] if line[:start].strip() else None
+        if name is not None:
+            shown[name] = []
+        shown[list(shown)[-1]].append(line[start:].strip())
+    assert shown.keys() == questions.keys()
+    for name, question in questions.items():
+        assert " ".join(shown[name]) == question  # every word whole, none dropped
+    assert any(len(parts) > 1 for parts in shown.values())
