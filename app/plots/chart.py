@@ -16,6 +16,9 @@ class Line:
     dashed: bool = False
     step: bool = True  # memory holds its value until the next event
     markers: bool = False
+    # Rings at the points and no line: a line that would lie exactly on another one (a
+    # prediction that equals what was measured) stays visible around it.
+    rings_only: bool = False
 
 
 @dataclass(frozen=True)
