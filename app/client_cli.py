@@ -413,7 +413,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         rows.append(row)
     print(table(headers, rows))
     for key, values in out["environment"].items():
-        print(f"environment {key}: {' | '.join(map(str, values))}")
+        shown = ("not recorded" if v is None else repr(v) if v == "" else str(v) for v in values)
+        print(f"environment {key}: {' | '.join(shown)}")
     return 0
 
 

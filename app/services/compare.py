@@ -41,7 +41,8 @@ def figures(exp: Experiment) -> dict[str, float | int | None]:
 def environment(exp: Experiment) -> dict[str, Any]:
     measured = exp.measured
     if isinstance(measured, SnapshotResult):
-        return measured.environment
+        # The device the snapshot was taken on is known even where nothing else was kept.
+        return {"device": exp.device, **measured.environment}
     if measured is None or measured.environment is None:
         return {}
     return measured.environment.model_dump(exclude_unset=True)
