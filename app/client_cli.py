@@ -172,10 +172,17 @@ def show_experiment(exp: dict[str, Any]) -> None:
     if result is None:
         return
     prediction = exp.get("prediction") or {}
+    shared = result.shared_process_figures() if isinstance(result, Result) else ()
     rows = [
-        (k, _bytes(v), v, _bytes(prediction.get(k))) for k, v in result.memory.model_dump().items()
+        (f"{k} †" if k in shared else k, _bytes(v), v, _bytes(prediction.get(k)))
+        for k, v in result.memory.model_dump().items()
     ]
     print(table(["figure", "measured", "bytes", "predicted"], rows))
+    if shared:
+        print(
+            "† a shared-process figure: it starts from what earlier experiments left in the "
+            "shared process, so it depends on that history (--isolation clean: this alone)"
+        )
     for note in result.notes if isinstance(result, Result) else []:
         print(f"- {note}")
 

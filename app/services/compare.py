@@ -104,6 +104,9 @@ def compare(exps: list[Experiment]) -> CompareOut:
             label=label(e),
             spec=experiments.to_out(e).spec.model_dump(),
             figures=figures(e),
+            shared_process_figures=list(
+                e.measured.shared_process_figures() if isinstance(e.measured, Result) else ()
+            ),
         )
         for e in exps
     ]
