@@ -74,8 +74,8 @@ class Preset:
         return (
             f"Ran without a GPU (on {device}): this preset asks about {q.asks}, and a run on "
             f"the CPU measures {q.measures_on_cpu} instead, which does not answer that "
-            f"question. Run it where a worker has a CUDA GPU: "
-            f"vramlab run {self.name} --device cuda."
+            f"question. Run it where a worker has a CUDA GPU "
+            f"(vramlab run {self.name} --device cuda)."
         )
 
     def expected_refusal(self, error_type: str | None) -> str | None:
