@@ -10,7 +10,9 @@ experiment may be named by a unique prefix of its id (the 8 characters ``ls`` pr
 import argparse
 import json
 import os
+import shutil
 import sys
+import textwrap
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -83,7 +85,7 @@ def _wait(client: httpx.Client, exp_id: str, poll_s: float, give_up_s: float) ->
         now = time.monotonic()
         queue = exp.get("queue") or {}
         detail = queue.get("reason") or ""
-        _status_line(f"{exp_id[:8]} {exp['status']} {now - started:5.1f}s {detail}")
+        _status_line(f"{exp_id[:8]} {_said(exp)} {now - started:5.1f}s {detail}")
         if exp["status"] in TERMINAL:
             sys.stderr.write("\n")
             return exp
@@ -150,22 +152,37 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
     return spec
 
 
+def _said(exp: dict[str, Any]) -> str:
+    """The status as the API words it for people (an expected refusal as the answer)."""
+    return str(exp.get("status_line") or exp["status"])
+
+
 def show_experiment(exp: dict[str, Any]) -> None:
     spec = exp["spec"]
     print(
-        f"{exp['id']}  {exp['status']}  {spec['op']} {'x'.join(map(str, spec['shape']))} "
+        f"{exp['id']}  {_said(exp)}  {spec['op']} {'x'.join(map(str, spec['shape']))} "
         f"{spec['dtype']} {spec['device']}"
     )
+    for note in exp.get("preset_notes") or []:
+        print(f"note: {note}")
     if exp.get("error"):
-        print(f"error: {exp['error']['type']}: {exp['error']['message']}")
+        said = "PyTorch's refusal" if exp.get("expected_refusal") else "error"
+        print(f"{said}: {exp['error']['type']}: {exp['error']['message']}")
     result = _result(exp)
     if result is None:
         return
     prediction = exp.get("prediction") or {}
+    shared = result.shared_process_figures() if isinstance(result, Result) else ()
     rows = [
-        (k, _bytes(v), v, _bytes(prediction.get(k))) for k, v in result.memory.model_dump().items()
+        (f"{k} †" if k in shared else k, _bytes(v), v, _bytes(prediction.get(k)))
+        for k, v in result.memory.model_dump().items()
     ]
     print(table(["figure", "measured", "bytes", "predicted"], rows))
+    if shared:
+        print(
+            "† a shared-process figure: it starts from what earlier experiments left in the "
+            "shared process, so it depends on that history (--isolation clean: this alone)"
+        )
     for note in result.notes if isinstance(result, Result) else []:
         print(f"- {note}")
 
@@ -186,7 +203,8 @@ def _finish_submit(client: httpx.Client, exp: dict[str, Any], args: argparse.Nam
         show_experiment(exp)
     else:
         print(exp["id"])
-    return 0 if not args.wait or exp["status"] == Status.SUCCEEDED else 1
+    answered = exp["status"] == Status.SUCCEEDED or exp.get("expected_refusal")
+    return 0 if not args.wait or answered else 1
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
@@ -214,10 +232,28 @@ def cmd_presets(args: argparse.Namespace) -> int:
     if args.json:
         _print_json(listing)
         return 0
-    rows = [(p["name"], "cuda" if p["needs_cuda"] else "any", p["question"][:70]) for p in listing]
+    names = max([len("preset"), *(len(p["name"]) for p in listing)])
+    # The question wraps at word boundaries to what the terminal has left, never cut.
+    room = max(30, shutil.get_terminal_size((120, 24)).columns - names - len("device") - 5)
+    rows: list[tuple[str, str, str]] = []
+    for p in listing:
+        lines = textwrap.wrap(p["question"], room, break_on_hyphens=False) or [""]
+        rows.append((p["name"], _preset_device(p), lines[0]))
+        rows += [("", "", more) for more in lines[1:]]
     print(table(["preset", "device", "question"], rows))
+    if any(p.get("gpu_question") for p in listing):
+        print(
+            "\n* a question about the GPU: on the CPU it runs, and says that it does not answer it",
+            file=sys.stderr,
+        )
     print("\nrun one: vramlab run PRESET [--device cpu|cuda] [--wait]", file=sys.stderr)
     return 0
+
+
+def _preset_device(preset: dict[str, Any]) -> str:
+    if preset["needs_cuda"]:
+        return "cuda"
+    return "cuda*" if preset.get("gpu_question") else "any"
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
@@ -257,7 +293,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
         rows.append(
             (
                 e["id"][:8],
-                e["status"],
+                _said(e),
                 s["op"],
                 "x".join(map(str, s["shape"])),
                 s["dtype"],
@@ -384,7 +420,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         rows.append(row)
     print(table(headers, rows))
     for key, values in out["environment"].items():
-        print(f"environment {key}: {' | '.join(map(str, values))}")
+        shown = ("not recorded" if v is None else repr(v) if v == "" else str(v) for v in values)
+        print(f"environment {key}: {' | '.join(shown)}")
     return 0
 
 

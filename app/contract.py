@@ -141,6 +141,12 @@ TRACE_ACTIONS: tuple[str, ...] = get_args(TraceAction)
 # The v1 memory keys: integer byte counts in every succeeded result's ``memory``.
 MEMORY_KEYS = tuple(str(f) for f in Figure)
 
+# Shared-process figures: in a shared process that ran experiments before this one, host
+# RSS (before, after, and so the change between them) starts from what those left, so it
+# depends on the process's history, not on this experiment alone. The allocator's
+# figures do not: the process empties and resets the allocator before each experiment.
+SHARED_PROCESS_FIGURES = (Figure.HOST_RSS_BEFORE, Figure.HOST_RSS_AFTER)
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
@@ -461,6 +467,15 @@ class Result(_Model):
     # A model experiment's: what held memory at the reported step's peak, and its figures.
     categories: Categories | None = None
     model: ModelFigures | None = None
+
+    def shared_process_figures(self) -> tuple[str, ...]:
+        """The figures of ``memory`` that depend on what ran earlier in the process
+        (``SHARED_PROCESS_FIGURES``, in a shared process that had run experiments before
+        this one); none for a clean process or a shared process's first experiment."""
+        env = self.environment
+        if env is None or env.isolation != Isolation.SHARED or not env.experiments_before:
+            return ()
+        return tuple(str(f) for f in SHARED_PROCESS_FIGURES)
 
 
 class SnapshotFigures(_AllocatorFigures):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.contract import ErrorType, MemoryFigures, Prediction
+from app.contract import SHARED_PROCESS_FIGURES, ErrorType, MemoryFigures, Prediction
 from workers import explain
 from workers.tracer import Event
 
@@ -29,7 +29,7 @@ def write(
     experiments a shared process ran before this one (None: a clean process)."""
     cuda = str(spec["device"]).startswith("cuda")
     return _body_notes(spec, result, mem, events, error, init_rss, cuda) + _shared_notes(
-        runs_before, cuda
+        runs_before, cuda, mem
     )
 
 
@@ -80,8 +80,9 @@ def _body_notes(
     return notes
 
 
-def _shared_notes(runs_before: int | None, cuda: bool) -> list[str]:
-    """What a shared process's figures share with a clean process's, and what they do not."""
+def _shared_notes(runs_before: int | None, cuda: bool, mem: MemoryFigures) -> list[str]:
+    """What a shared process's figures share with a clean process's, and what they do not:
+    which figures are shared-process figures, then the whole comparison."""
     if runs_before is None:
         return []
     if runs_before == 0:
@@ -112,9 +113,17 @@ def _shared_notes(runs_before: int | None, cuda: bool) -> list[str]:
             "libraries and their thread pools already started, and host RSS, which starts "
             "from what the earlier experiments left"
         )
+    growth = mem.host_rss_after - mem.host_rss_before
+    figures = " and ".join(str(f) for f in SHARED_PROCESS_FIGURES)
     return [
+        f"Shared-process figures: {figures} ({mem.host_rss_before:,} and "
+        f"{mem.host_rss_after:,} bytes, a change of {growth:+,}) start from what the "
+        f"{earlier} before this one left in the process, so the same experiment gives "
+        f"other values at another place in the sequence or in a clean process (isolation "
+        f"clean). The allocated and reserved figures do not: they are counted afresh for "
+        f"each experiment.",
         f"Run in a shared process (isolation shared) that had run {earlier} before this "
-        f"one. As in a clean process: {same}. Not as in a clean process: {other}."
+        f"one. As in a clean process: {same}. Not as in a clean process: {other}.",
     ]
 
 

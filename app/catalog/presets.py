@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.catalog.model import CatalogError
+from app.contract import ErrorType
 
 SIZES = ("small", "medium", "large")
 # Where a reader finds what an article claims and what the presets measured.
@@ -27,6 +28,30 @@ class PresetError(CatalogError):
 
 
 @dataclass(frozen=True)
+class Refusal:
+    """A preset whose answer is that PyTorch refuses: a failure of type ``error`` is that
+    answer, said in a few words by ``answer``."""
+
+    error: ErrorType
+    answer: str
+
+
+@dataclass(frozen=True)
+class GpuQuestion:
+    """A question about the GPU: ``asks`` names it, ``measures_on_cpu`` says what the same
+    steps measure on the CPU."""
+
+    asks: str
+    measures_on_cpu: str
+
+
+_ALLOCATOR = GpuQuestion(
+    "the GPU's caching allocator",
+    "CPU allocations, which no caching allocator keeps, so nothing fragments",
+)
+
+
+@dataclass(frozen=True)
 class Preset:
     name: str
     question: str
@@ -35,6 +60,30 @@ class Preset:
     build: Builder  # (device, dtype, size) -> spec
     default_dtype: str = "float32"
     needs_cuda: bool = False
+    # Set where the question's answer is a refusal: the experiment fails, as expected.
+    refusal: Refusal | None = None
+    # Set where the question is about the GPU but the preset also runs on the CPU: what
+    # it asks about, and what a CPU run measures instead.
+    gpu_question: GpuQuestion | None = None
+
+    def without_gpu(self, device: str) -> str | None:
+        """What a run on ``device`` does not answer, where the question needs a GPU."""
+        if self.gpu_question is None or device.startswith("cuda"):
+            return None
+        q = self.gpu_question
+        return (
+            f"Ran without a GPU (on {device}): this preset asks about {q.asks}, and a run on "
+            f"the CPU measures {q.measures_on_cpu} instead, which does not answer that "
+            f"question. Run it where a worker has a CUDA GPU "
+            f"(vramlab run {self.name} --device cuda)."
+        )
+
+    def expected_refusal(self, error_type: str | None) -> str | None:
+        """The preset's answer when a run failed with ``error_type``: the refusal it
+        expects, else None (no failure, or one that answers nothing)."""
+        if self.refusal is None or error_type != self.refusal.error:
+            return None
+        return self.refusal.answer
 
     def spec(self, device: str = "cuda", dtype: str | None = None, size: str = "medium") -> Spec:
         if size not in SIZES:
@@ -57,6 +106,8 @@ class Preset:
             "article_id": self.article,
             "example": self.example,
             "needs_cuda": self.needs_cuda,
+            "expected_refusal": self.refusal.answer if self.refusal else None,
+            "gpu_question": self.gpu_question.asks if self.gpu_question else None,
             "default_dtype": self.default_dtype,
             "spec": self.spec("cuda", None, "medium"),
         }
@@ -255,6 +306,9 @@ _ALL = (
         "000",
         "Examples 1-2",
         lambda d, t, s: _to(d, t, s),
+        gpu_question=GpuQuestion(
+            "what a move to the GPU leaves on the host", "a copy from one CPU tensor to another"
+        ),
     ),
     Preset(
         "gpu_copy_modified",
@@ -262,6 +316,9 @@ _ALL = (
         "000",
         "Example 3",
         _gpu_copy_modified,
+        gpu_question=GpuQuestion(
+            "a GPU copy changed in place", "a second CPU tensor changed in place"
+        ),
     ),
     Preset(
         "transfer_pageable",
@@ -269,6 +326,7 @@ _ALL = (
         "000",
         "Example 2",
         lambda d, t, s: _to(d, t, s),
+        gpu_question=GpuQuestion("a host-to-GPU copy", "a CPU-to-CPU copy"),
     ),
     Preset(
         "transfer_pinned",
@@ -286,6 +344,7 @@ _ALL = (
         "Example 1",
         _bf16,
         default_dtype="bfloat16",
+        gpu_question=GpuQuestion("bfloat16 on the GPU", "bfloat16 on the CPU"),
     ),
     Preset(
         "dtype_support_matrix",
@@ -300,6 +359,7 @@ _ALL = (
         "001",
         "Example 2",
         _fragmentation("article"),
+        gpu_question=_ALLOCATOR,
     ),
     Preset(
         "fragmentation_empty_cache",
@@ -307,6 +367,7 @@ _ALL = (
         "001",
         "Example 2",
         _fragmentation("empty_cache"),
+        gpu_question=_ALLOCATOR,
     ),
     Preset(
         "fragmentation_holes",
@@ -315,6 +376,7 @@ _ALL = (
         "001",
         "Example 2",
         _fragmentation("holes"),
+        gpu_question=_ALLOCATOR,
     ),
     Preset(
         "fragmentation_expandable_segments",
@@ -322,6 +384,7 @@ _ALL = (
         "001",
         "Example 2",
         _fragmentation("expandable"),
+        gpu_question=_ALLOCATOR,
     ),
     Preset(
         "numpy_tensor_moved",
@@ -330,6 +393,7 @@ _ALL = (
         "Example 3",
         _numpy,
         default_dtype="float64",
+        gpu_question=GpuQuestion("a move to the GPU", "a copy on the CPU"),
     ),
     Preset(
         "elementwise_add", "Does a + b allocate more than its output?", "002", "Example 1", _add
@@ -347,6 +411,7 @@ _ALL = (
         "002",
         "Example 3",
         _inplace(True),
+        refusal=Refusal(ErrorType.AUTOGRAD_ERROR, "autograd refuses this"),
     ),
     Preset(
         "inplace_add_no_grad",
@@ -362,6 +427,9 @@ _ALL = (
         "003",
         "Example 1",
         _cpu_then_cuda,
+        gpu_question=GpuQuestion(
+            "a tensor moved to the GPU against one made there", "two tensors made on the CPU"
+        ),
     ),
     Preset(
         "model_left_on_cpu",
@@ -370,6 +438,9 @@ _ALL = (
         "Example 2",
         _model(True),
         needs_cuda=True,
+        refusal=Refusal(
+            ErrorType.DEVICE_MISMATCH, "PyTorch refuses inputs on two devices (no silent CPU run)"
+        ),
     ),
     Preset(
         "model_moved_to_gpu",
@@ -377,6 +448,7 @@ _ALL = (
         "003",
         "Example 2",
         _model(False),
+        gpu_question=GpuQuestion("a model on the GPU", "the model on the CPU"),
     ),
     Preset(
         "non_blocking_copy_then_compute",
@@ -384,6 +456,7 @@ _ALL = (
         "003",
         "Example 3",
         _non_blocking,
+        gpu_question=GpuQuestion("a non_blocking copy to the GPU", "a CPU-to-CPU copy"),
     ),
     Preset(
         "tensors_on_two_devices",
@@ -392,6 +465,7 @@ _ALL = (
         "Clear explanation",
         _mixed("tensor_tensor"),
         needs_cuda=True,
+        refusal=Refusal(ErrorType.DEVICE_MISMATCH, "PyTorch refuses inputs on two devices"),
     ),
     Preset(
         "cpu_scalar_with_gpu_tensor",
@@ -399,6 +473,7 @@ _ALL = (
         "003",
         "Clear explanation",
         _mixed("cpu_scalar"),
+        gpu_question=GpuQuestion("a CPU scalar beside a GPU tensor", "two CPU tensors"),
     ),
 )
 

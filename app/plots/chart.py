@@ -1,6 +1,7 @@
 """A chart as plain data: stacked bands, lines, shaded spans and a marked peak, in bytes
 over x. The renderers (``html``, ``mpl``) draw it; nothing here knows how."""
 
+import itertools
 import unicodedata
 from dataclasses import dataclass, field
 
@@ -15,6 +16,9 @@ class Line:
     dashed: bool = False
     step: bool = True  # memory holds its value until the next event
     markers: bool = False
+    # Rings at the points and no line: a line that would lie exactly on another one (a
+    # prediction that equals what was measured) stays visible around it.
+    rings_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -100,3 +104,52 @@ def stepped(xs: list[float], ys: list[float]) -> list[tuple[float, float]]:
             out.append((x, ys[i - 1]))
         out.append((x, y))
     return out
+
+
+@dataclass(frozen=True)
+class Zoom:
+    """Where a chart's memory changes: x from ``x0`` to ``x1``, leaving out a flat stretch
+    from ``idle_from`` to ``idle_to`` in which no line changed value."""
+
+    x0: float
+    x1: float
+    idle_from: float
+    idle_to: float
+
+
+def busy_range(chart: Chart, idle_share: float = 0.5) -> Zoom | None:
+    """Where memory changes, when one flat stretch (no line changes value) takes more than
+    ``idle_share`` of the chart's x range: the side of that stretch that holds the peak
+    (the side with more changes where no peak is marked), with a little of the stretch
+    kept for context. None where no stretch is that long."""
+    changes = sorted(
+        {
+            x
+            for line in chart.lines
+            for i, x in enumerate(line.xs)
+            if i and line.ys[i] != line.ys[i - 1]
+        }
+    )
+    xs = [x for line in chart.lines for x in line.xs]
+    if chart.x_range is not None:
+        lo, hi = chart.x_range
+    elif xs:
+        lo, hi = min(xs), max(xs)
+    else:
+        return None
+    if not changes or hi <= lo:
+        return None
+    edges = [lo, *changes, hi]
+    width, start = max((b - a, a) for a, b in itertools.pairwise(edges))
+    end = start + width
+    if width <= idle_share * (hi - lo):
+        return None
+    before = sum(1 for x in changes if x <= start)
+    after = len(changes) - before
+    peak = chart.labels[0].x if chart.labels else None
+    later = peak >= end if peak is not None else after >= before
+    if later and hi > end:
+        return Zoom(end - 0.03 * (hi - end), hi, start, end)
+    if not later and start > lo:
+        return Zoom(lo, start + 0.03 * (start - lo), start, end)
+    return None

@@ -168,6 +168,13 @@ def fragment(chart: Chart) -> str:
         pts = stepped(line.xs, line.ys) if line.step else list(zip(line.xs, line.ys, strict=True))
         colour = layout.line_colour(chart, n)
         dash = ' stroke-dasharray="6,4"' if line.dashed else ""
+        if line.rings_only:
+            body += [
+                f'<circle class="vl-ring" cx="{px(x):.1f}" cy="{py(y):.1f}" r="6" fill="none" '
+                f'stroke="{colour}" stroke-width="2"><title>{_e(line.name)}</title></circle>'
+                for x, y in zip(line.xs, line.ys, strict=True)
+            ]
+            continue
         body.append(
             f'<polyline class="vl-line" fill="none" stroke="{colour}" stroke-width="1.5"{dash} '
             f'points="{" ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)}">'
@@ -199,6 +206,11 @@ def fragment(chart: Chart) -> str:
             y = legend_top + r * LEGEND_ROW
             if kind == "band":
                 parts.append(f'<rect x="{x}" y="{y}" width="12" height="10" fill="{colour}"/>')
+            elif kind == "ring":
+                parts.append(
+                    f'<circle cx="{x + 6}" cy="{y + 5}" r="4.5" fill="none" stroke="{colour}" '
+                    f'stroke-width="2"/>'
+                )
             elif kind != "none":
                 dash = ' stroke-dasharray="4,3"' if kind == "dashed" else ""
                 parts.append(

@@ -107,7 +107,7 @@ def legend(chart: Chart) -> list[tuple[str, str, str]]:
     entries = [("band", c, text(n, 60)) for n, c in band_colours(chart).items()]
     entries += [
         (
-            "dashed" if line.dashed else "line",
+            "ring" if line.rings_only else "dashed" if line.dashed else "line",
             line_colour(chart, i),
             text(line.name, 80),
         )

@@ -76,6 +76,16 @@ def _draw(fig: Figure, ax: Any, chart: Chart) -> None:
         ax.axvline(mark.x, color="grey", linewidth=0.8, linestyle=":", zorder=2)
     for n, line in enumerate(chart.lines):
         colour = layout.line_colour(chart, n)
+        if line.rings_only:
+            ax.plot(
+                line.xs, line.ys, linestyle="none", marker="o", markersize=9,
+                markerfacecolor="none", markeredgecolor=colour, markeredgewidth=1.6, zorder=3.5,
+            )  # fmt: skip
+            handles.append(
+                Line2D([], [], linestyle="none", marker="o", markerfacecolor="none", color=colour)
+            )
+            labels.append(text(line.name, 60))
+            continue
         (drawn,) = ax.plot(
             line.xs, line.ys, color=colour, linewidth=1.3,
             linestyle="--" if line.dashed else "-",

@@ -28,6 +28,21 @@ class ExperimentOut(BaseModel):
     )
     name: str | None = Field(default=None, description="a snapshot's name")
     status: Status
+    status_line: str = Field(
+        description="the status as a person reads it: the status, a failure's type, or for a "
+        "preset whose answer is a refusal that failed as expected, 'answered: <the refusal> "
+        "(expected)' (status stays failed)",
+    )
+    expected_refusal: str | None = Field(
+        default=None,
+        description="set when the experiment failed with the refusal its preset expects: "
+        "that refusal is the preset's answer (e.g. 'autograd refuses this')",
+    )
+    preset_notes: list[str] = Field(
+        default_factory=list,
+        description="notes on how this run answers its preset's question (e.g. a GPU "
+        "question that ran without a GPU)",
+    )
     spec: ExperimentSpec
     attempts: int
     worker_id: str | None

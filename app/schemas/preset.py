@@ -18,6 +18,16 @@ class PresetOut(BaseModel):
     article_id: str = Field(description="the article (000-003) whose code it measures")
     example: str
     needs_cuda: bool
+    expected_refusal: str | None = Field(
+        default=None,
+        description="where the preset's answer is a refusal by PyTorch: that refusal (a run "
+        "that fails with it has answered the question)",
+    )
+    gpu_question: str | None = Field(
+        default=None,
+        description="where the question is about the GPU but the preset also runs on the "
+        "CPU: what it asks about (a CPU run says that it does not answer it)",
+    )
     default_dtype: str
     spec: dict[str, Any] = Field(description="the spec it queues at size medium on cuda")
 

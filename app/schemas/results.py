@@ -89,6 +89,11 @@ class CompareItem(BaseModel):
     label: str
     spec: dict[str, Any]
     figures: dict[str, float | int | None]
+    shared_process_figures: list[str] = Field(
+        default_factory=list,
+        description="figures that depend on what ran earlier in the same shared process "
+        "(host RSS after earlier experiments), not on this experiment alone",
+    )
 
 
 class CompareOut(BaseModel):

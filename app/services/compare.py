@@ -43,7 +43,8 @@ def figures(exp: Experiment) -> dict[str, float | int | None]:
 def environment(exp: Experiment) -> dict[str, Any]:
     measured = exp.measured
     if isinstance(measured, SnapshotResult):
-        return measured.environment
+        # The device the snapshot was taken on is known even where nothing else was kept.
+        return {"device": exp.device, **measured.environment}
     if measured is None or measured.environment is None:
         return {}
     return measured.environment.model_dump(exclude_unset=True)
@@ -105,6 +106,9 @@ def compare(exps: list[Experiment]) -> CompareOut:
             label=label(e),
             spec=experiments.to_out(e).spec.model_dump(),
             figures=figures(e),
+            shared_process_figures=list(
+                e.measured.shared_process_figures() if isinstance(e.measured, Result) else ()
+            ),
         )
         for e in exps
     ]

@@ -32,7 +32,7 @@ from app.models import Experiment, ExperimentTag
 from app.schemas.data import STORED
 from app.schemas.experiment import ExperimentError, ExperimentOut, QueueInfo
 from app.schemas.spec import ExperimentSpec
-from app.services import ids, live_workers, queue, workers
+from app.services import answers, ids, live_workers, queue, workers
 from app.services.signals import WorkSignal
 from app.services.specs import AcceptedSpec
 
@@ -386,6 +386,7 @@ def queued_out(row: dict[str, Any], accepted: AcceptedSpec, queue: QueueInfo) ->
     return ExperimentOut(
         id=row["id"],
         status=Status.QUEUED,
+        status_line=str(Status.QUEUED),
         spec=accepted.spec,
         attempts=0,
         worker_id=None,
@@ -419,11 +420,15 @@ def to_out(exp: Experiment, queue: QueueInfo | None = None) -> ExperimentOut:
                 "details": exp.error_details,
             }
         )
+    said = answers.answer(Status(exp.status), exp.preset, exp.error_type, exp.device)
     return ExperimentOut(
         id=exp.id,
         kind=exp.kind,  # type: ignore[arg-type]
         name=exp.name,
         status=Status(exp.status),
+        status_line=said.status_line,
+        expected_refusal=said.expected_refusal,
+        preset_notes=said.notes,
         spec=spec,
         attempts=exp.attempts,
         worker_id=exp.worker_id,

@@ -85,7 +85,8 @@ def _alloc_out(a: bands.Alloc) -> BlockOut:
 
 def label(exp: Experiment) -> str:
     if exp.kind == "snapshot":
-        return f"{exp.name} (snapshot {exp.id[:8]})"
+        named = (exp.name or "").lower() not in ("", "snapshot")  # not the default name
+        return f"{exp.name} (snapshot {exp.id[:8]})" if named else f"snapshot {exp.id[:8]}"
     shape = "x".join(str(d) for d in exp.shape)
     what = " ".join(p for p in (exp.op, exp.preset or "", shape, exp.dtype, exp.device) if p)
     return f"{what} ({exp.id[:8]})"

@@ -316,21 +316,30 @@ def chart(out: SweepOut) -> Chart:
     )
     for name, rows in groups.items():
         rows = sorted(rows, key=x_of)
+        drawn: list[tuple[str, list[tuple[float, float]]]] = []
         for figure, suffix, dashed in (
             (lambda r: r.allocated_peak, "peak", False),
             (lambda r: r.delta_allocated, "delta", False),
             (lambda r: r.predicted_delta, "predicted delta", True),
         ):
-            pts = [(x_of(r), figure(r)) for r in rows if figure(r) is not None]
-            if pts:
-                result.lines.append(
-                    Line(
-                        f"{name}: {suffix}",
-                        [p[0] for p in pts],
-                        [float(p[1]) for p in pts],
-                        dashed=dashed,
-                        step=False,
-                        markers=True,
-                    )
+            pts = [(x_of(r), float(v)) for r in rows if (v := figure(r)) is not None]
+            if not pts:
+                continue
+            # A line on top of one already drawn would hide it (a prediction that equals
+            # what was measured): rings around that line's points, named as its equal.
+            same = next((other for other, seen in drawn if seen == pts), None)
+            if same and suffix.startswith("predicted"):
+                same = f"measured {same}"
+            drawn.append((suffix, pts))
+            result.lines.append(
+                Line(
+                    f"{name}: {suffix}" + (f" (= {same})" if same else ""),
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    dashed=dashed,
+                    step=False,
+                    markers=True,
+                    rings_only=same is not None,
                 )
+            )
     return result

@@ -130,15 +130,19 @@ def test_timeline_of_an_experiment_without_trace_is_404(client: httpx.Client) ->
     assert response.status_code == 404 and "no trace events" in response.json()["error"]["message"]
 
 
-def _finish_all(client: httpx.Client, n: int) -> None:
-    """Play a worker: each claimed point 'measures' its prediction plus 512 bytes."""
+def _finish_all(client: httpx.Client, n: int, extra: int = 512) -> None:
+    """Play a worker: each claimed point 'measures' its prediction plus ``extra`` bytes."""
     worker = register(client, CPU_CAPS)
     for _ in range(n):
         got = claim(client, worker)
         assert got is not None
         exp = client.get(f"/v1/experiments/{got['id']}").json()
         predicted = exp["prediction"]["delta_allocated"]
-        memory = {**MEMORY, "delta_allocated": predicted + 512, "allocated_peak": 3 * predicted}
+        memory = {
+            **MEMORY,
+            "delta_allocated": predicted + extra,
+            "allocated_peak": 3 * predicted,
+        }
         body = {
             "lease_token": got["lease_token"],
             "status": "succeeded",
@@ -183,6 +187,29 @@ def test_a_sweep_queues_its_grid_and_tables_it(client: httpx.Client) -> None:
             assert f"dtype={dtype}: {line}</title>" in page
     svg = client.get(f"/v1/sweeps/{sweep['id']}/plot", params={"format": "svg"})
     assert "dtype=float16: predicted delta" in svg.text
+    png = client.get(f"/v1/sweeps/{sweep['id']}/plot", params={"format": "png"})
+    assert png.content.startswith(b"\x89PNG")
+
+
+def test_a_sweep_plot_shows_every_line_it_names(client: httpx.Client) -> None:
+    """A prediction equal to what was measured would lie on its line and hide it: it is
+    drawn as rings around the measured points and named as its equal."""
+    grid = {"shape": [[64, 64], [256, 256], [1024, 1024]], "dtype": ["float32", "float16"]}
+    sweep = client.post("/v1/sweeps", json={"spec": ADD, "grid": grid}).json()
+    _finish_all(client, 6, extra=0)
+    page = client.get(f"/v1/sweeps/{sweep['id']}/plot", params={"format": "html"}).text
+    svg = page[page.index("<svg") : page.index("</svg>")]
+    polylines = re.findall(r'<polyline[^>]*points="([^"]*)"><title>([^<]*)</title>', svg)
+    rings = re.findall(r'<circle class="vl-ring"[^>]*><title>([^<]*)</title>', svg)
+    legend = re.findall(r"<text[^>]*>([^<]*)</text>", svg[svg.index('class="vl-legend"') :])
+    assert len(legend) == 6
+    for name in legend:  # every entry is drawn where it can be seen
+        assert name in {t for _, t in polylines} or name in rings, name
+    points = [p for p, _ in polylines]
+    assert len(points) == len(set(points)), "two lines drawn on top of each other"
+    for dtype in ("float32", "float16"):
+        equal = f"dtype={dtype}: predicted delta (= measured delta)"
+        assert equal in legend and rings.count(equal) == 3
     png = client.get(f"/v1/sweeps/{sweep['id']}/plot", params={"format": "png"})
     assert png.content.startswith(b"\x89PNG")
 

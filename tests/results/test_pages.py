@@ -5,7 +5,7 @@ import re
 import httpx
 
 from tests.helpers import ADD, MATMUL
-from tests.results.trace_data import events, upload
+from tests.results.trace_data import events, many_events, upload
 
 EXTERNAL = re.compile(r"""(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""", re.IGNORECASE)
 
@@ -69,3 +69,34 @@ def test_pages_show_experiments_sweeps_and_comparisons(client: httpx.Client) -> 
     for html in (index.text, page, sweep_page, compare, form):
         assert not EXTERNAL.search(html), "a page loads something from elsewhere"
     assert client.get("/ui/experiments/nope").status_code == 404
+
+
+def _environment_table(page: str) -> dict[str, list[str]]:
+    start = page.index('<table id="compare-environment">')
+    table = page[start : page.index("</table>", start)]
+    rows = [
+        [re.sub(r"<[^>]+>", "", c).strip() for c in re.findall(r"<t[dh]>.*?</t[dh]>", row)]
+        for row in re.findall(r"<tr>.*?</tr>", table, re.S)
+    ]
+    return {r[0]: r[1:] for r in rows}
+
+
+def test_compare_shows_every_sides_environment(client: httpx.Client) -> None:
+    env = {"torch": "2.13.0", "python": "3.11.7", "allocator_conf": "", "isolation": "clean"}
+    first = upload(client, ADD, [many_events(3)], environment=env)
+    second = upload(
+        client,
+        ADD,
+        [many_events(3)],
+        environment={"torch": "2.14.1", "python": "3.11.7", "concurrent": 2},
+    )
+    page = client.get("/ui/compare", params={"ids": f"{first},{second}"}).text
+    rows = _environment_table(page)
+    assert rows["setting"] == [f"add 1000x1000 float32 cpu ({i[:8]})" for i in (first, second)]
+    assert rows["torch"] == ["2.13.0", "2.14.1"]
+    # A value one side did not record is said, not left blank.
+    assert rows["isolation"] == ["clean", "not recorded"]
+    assert rows["concurrent"] == ["not recorded", "2"]
+    assert rows["allocator_conf"] == ["(empty)", "not recorded"]
+    assert "python" not in rows
+    assert "The same in all: python 3.11.7" in page

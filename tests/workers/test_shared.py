@@ -77,6 +77,12 @@ def test_shared_experiments_run_in_one_process_with_a_clean_processs_figures(
         assert trace == clean_trace  # the trace starts empty: nothing of the run before
     assert "that had run 2 experiments before this one" in results[2]["notes"][-1]
     assert "host RSS" in results[2]["notes"][-1]
+    # Host RSS depends on what ran before: the result says which figures are the process's.
+    marked = [n for n in results[2]["notes"] if n.startswith("Shared-process figures:")]
+    assert len(marked) == 1 and "host_rss_before and host_rss_after" in marked[0]
+    assert f"{results[2]['memory']['host_rss_before']:,}" in marked[0]
+    assert "the 2 experiments before this one" in marked[0]
+    assert not any(n.startswith("Shared-process figures:") for n in results[0]["notes"])
     assert not any("shared process" in note for note in clean["notes"])
 
 

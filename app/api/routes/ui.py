@@ -20,6 +20,7 @@ from app.contract import Status
 from app.core.units import human_bytes
 from app.errors import ApiError, Conflict, NotFound
 from app.plots import html
+from app.plots.chart import busy_range
 from app.schemas.preset import PresetRun
 from app.services import compare, experiments, figures, presets, snapshots, sweeps, workers
 from app.services.auth import Principal
@@ -152,13 +153,34 @@ def experiment(
 
 @router.get("/snapshots/{snapshot_id}", response_class=HTMLResponse)
 def snapshot(
-    request: Request, snapshot_id: Annotated[str, PathParam(max_length=64)], s: SessionDep
+    request: Request,
+    snapshot_id: Annotated[str, PathParam(max_length=64)],
+    s: SessionDep,
+    x: Annotated[Literal["changes", "full"], Query(description="the timeline's x range")] = (
+        "changes"
+    ),
 ) -> HTMLResponse:
     exp = snapshots.get(s, snapshot_id)
-    chart = None
+    chart = zoom = None
     with contextlib.suppress(NotFound):  # a snapshot of segments alone has no trace
-        chart = html.fragment(snapshots.timeline(s, exp))
-    return _page(request, "snapshot.html", snap=snapshots.to_out(s, exp), chart=chart)
+        drawn = snapshots.timeline(s, exp)
+        # A long flat stretch (a program that sleeps, or loads data, before the work)
+        # would take most of the width: zoom to where memory changes, the full range a
+        # link away.
+        zoom = busy_range(drawn)
+        if zoom is not None and x == "changes":
+            drawn.x_range = (zoom.x0, zoom.x1)
+        chart = html.fragment(drawn)
+        unit = drawn.x_label.rsplit("(", 1)[-1].rstrip(")") if "(" in drawn.x_label else ""
+    return _page(
+        request,
+        "snapshot.html",
+        snap=snapshots.to_out(s, exp),
+        chart=chart,
+        zoom=zoom,
+        zoomed=zoom is not None and x == "changes",
+        unit=unit if chart else "",
+    )
 
 
 @router.get("/sweeps/{sweep_id}", response_class=HTMLResponse)
