@@ -21,6 +21,6 @@ HEALTHCHECK --interval=5s --timeout=3s --retries=20 \
 CMD ["vramlab", "serve", "--host", "0.0.0.0", "--port", "8000", "--no-migrate"]
 
 FROM source AS worker
-RUN pip install ".[worker]"
+RUN pip install ".[worker,models]"
 USER vramlab
 CMD ["vramlab", "worker", "--device", "auto"]
