@@ -159,10 +159,7 @@ def _said(exp: dict[str, Any]) -> str:
 
 def show_experiment(exp: dict[str, Any]) -> None:
     spec = exp["spec"]
-    print(
-        f"{exp['id']}  {_said(exp)}  {spec['op']} {'x'.join(map(str, spec['shape']))} "
-        f"{spec['dtype']} {spec['device']}"
-    )
+    print(f"{exp['id']}  {_said(exp)}  {_describe(spec)}")
     for note in exp.get("preset_notes") or []:
         print(f"note: {note}")
     if exp.get("error"):
@@ -172,6 +169,13 @@ def show_experiment(exp: dict[str, Any]) -> None:
     if result is None:
         return
     prediction = exp.get("prediction") or {}
+    if spec["op"] == "model":  # a model's prediction is its step's peak, not an op's figures
+        figures = {"allocated_peak": "peak_allocated", "reserved_peak": "peak_reserved"}
+        prediction = {
+            **{k: prediction.get(v) for k, v in figures.items()},
+            "peak_allocated": prediction.get("peak_allocated"),
+            "categories": prediction.get("categories"),
+        }
     shared = result.shared_process_figures() if isinstance(result, Result) else ()
     rows = [
         (f"{k} †" if k in shared else k, _bytes(v), v, _bytes(prediction.get(k)))
@@ -183,8 +187,65 @@ def show_experiment(exp: dict[str, Any]) -> None:
             "† a shared-process figure: it starts from what earlier experiments left in the "
             "shared process, so it depends on that history (--isolation clean: this alone)"
         )
+    if isinstance(result, Result) and result.model is not None:
+        _show_model(result, prediction)
     for note in result.notes if isinstance(result, Result) else []:
         print(f"- {note}")
+
+
+def _show_model(result: Result, prediction: dict[str, Any]) -> None:
+    """A model experiment: its steps' phases, and what held memory at the reported peak."""
+    figures = result.model
+    assert figures is not None
+    print(
+        f"\n{figures.model} ({figures.model_type}, {figures.parameter_count:,} parameters): "
+        f"{figures.task}, step {figures.reported_step} peaked at "
+        f"{_bytes(figures.peak_allocated)} allocated, {_bytes(figures.peak_reserved)} reserved"
+    )
+    phases = [
+        (
+            s.step,
+            ph.name,
+            _bytes(ph.peak_allocated),
+            _bytes(ph.peak_reserved),
+            f"{ph.wall_s:.3g}" if ph.wall_s is not None else "",
+        )
+        for s in figures.steps
+        for ph in s.phases
+    ]
+    print(table(["step", "phase", "peak allocated", "peak reserved", "seconds"], phases))
+    predicted = prediction.get("categories") or {}
+    if result.categories is not None:
+        peak = figures.peak_allocated or 1
+        rows = [
+            (k.replace("_", " "), _bytes(v), f"{100 * v / peak:.0f}%", _bytes(predicted.get(k)))
+            for k, v in result.categories.model_dump().items()
+            if v or predicted.get(k)
+        ]
+        rows.append(
+            ("total", _bytes(figures.peak_allocated), "", _bytes(prediction.get("peak_allocated")))
+        )
+        print(f"\nat step {figures.reported_step}'s peak, by category:")
+        print(table(["category", "measured", "share", "predicted"], rows))
+    if figures.time_per_step_s:
+        speed = f"{figures.time_per_step_s:.3g} s a step"
+        if figures.tokens_per_s:
+            speed += f", {figures.tokens_per_s:,.0f} tokens/s"
+        elif figures.samples_per_s:
+            speed += f", {figures.samples_per_s:,.1f} samples/s"
+        print(speed)
+
+
+def _describe(spec: dict[str, Any]) -> str:
+    """A spec in a few words: a model experiment by its model and knobs."""
+    if spec["op"] == "model":
+        p = spec.get("params") or {}
+        size = f" x {p['seq_len']}" if p.get("seq_len") else ""
+        return (
+            f"{p.get('model')} {p.get('task')} batch {p.get('batch_size')}{size} "
+            f"{p.get('precision')} {spec['device']}"
+        )
+    return f"{spec['op']} {'x'.join(map(str, spec['shape']))} {spec['dtype']} {spec['device']}"
 
 
 def _result(exp: dict[str, Any]) -> Result | SnapshotResult | None:

@@ -65,7 +65,7 @@ def _body_notes(
         return notes + (_context_notes(mem, init_rss) if cuda else [])
     if spec["op"] == "scenario":
         notes += explain.scenario(result, cuda)
-    else:
+    elif spec["op"] != "model":  # a model's prediction is its step's peak (models/report.py)
         notes += _prediction_notes(spec, result, mem, events, pred, cuda)
     notes += _pool_notes(spec, mem, cuda)
     notes += explain.extra(spec, result, error)

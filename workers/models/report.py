@@ -112,6 +112,14 @@ def notes(result: dict[str, Any], spec: dict[str, Any]) -> list[str]:
         return []
     params = spec.get("params") or {}
     said: list[str] = []
+    predicted = (spec.get("prediction") or {}).get("peak_allocated")
+    if predicted:
+        error = 100 * (predicted - model["peak_allocated"]) / max(1, model["peak_allocated"])
+        said.append(
+            f"Predicted before it ran: step {model['reported_step']} peaks at "
+            f"{human_bytes(predicted)}; measured {human_bytes(model['peak_allocated'])} "
+            f"({error:+.1f}%)."
+        )
     steps = model["steps"]
     peak, reserved = model["peak_allocated"], model["peak_reserved"]
     if model["task"] == "train" and len(steps) >= 2:

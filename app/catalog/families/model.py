@@ -30,8 +30,8 @@ _POSITION_KEYS = ("n_positions", "max_position_embeddings")
 _POSITIONS_DEFAULT = {"gpt2": 1024, "bert": 512}
 
 MODEL_CAVEAT = (
-    "a model's peak is predicted by tracing its step on meta tensors with a model of the "
-    "caching allocator; library workspaces and kernels' internal buffers are estimated"
+    "a model's step is predicted as a whole (prediction.peak_allocated and categories), "
+    "not as an op's tensors: allocated_before, delta and outputs are not predicted"
 )
 
 
