@@ -45,3 +45,22 @@ class CatalogOut(BaseModel):
     dtypes: list[DtypeOut]
     devices: list[str] = Field(description='"cpu", "cuda", or "cuda:N" for GPU N')
     limits: Limits
+
+
+class PresetModelOut(BaseModel):
+    name: str
+    model_type: str
+    kind: str
+    about: str
+    config: dict[str, Any]
+
+
+class ModelCatalogOut(BaseModel):
+    """What op ``model`` builds: named presets, hub names mapped to them, and every
+    transformers model_type by task kind (random weights; nothing is downloaded)."""
+
+    presets: list[PresetModelOut]
+    hub_names: dict[str, str] = Field(
+        description="hub checkpoint names and the preset with their shape"
+    )
+    model_types: dict[str, list[str]] = Field(description="task kind: model_types built for it")

@@ -19,6 +19,7 @@ from app.schemas.spec import ExperimentSpec
 from app.services import predictor as predictor_service
 
 MODEL_OP = "model"
+DISABLED = "not predicted: model predictions are off on this service (VRAMLAB_MODEL_PREDICTIONS)"
 
 
 @dataclass(frozen=True)
@@ -86,7 +87,8 @@ def _predict_model(
         else None
     )
     if predictor is None:
-        return {"caveats": [predictor_service.UNAVAILABLE]}
+        why = predictor_service.UNAVAILABLE if settings.model_predictions else DISABLED
+        return {"caveats": [why]}
     try:
         answer = predictor.predict(params, device_type)
     except CatalogError as exc:

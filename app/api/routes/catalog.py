@@ -1,13 +1,15 @@
 """The catalog: which ops exist, their parameters, dtypes and devices."""
 
+from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter
 
 from app.api.deps import SettingsDep, require
 from app.catalog import DTYPES, OPS
+from app.catalog.model_zoo import HUB_NAMES, PRESETS, model_types
 from app.core.config import Settings
-from app.schemas.catalog import CatalogOut
+from app.schemas.catalog import CatalogOut, ModelCatalogOut, PresetModelOut
 
 router = APIRouter(prefix="/v1", tags=["catalog"], dependencies=[require("read")])
 
@@ -20,6 +22,19 @@ router = APIRouter(prefix="/v1", tags=["catalog"], dependencies=[require("read")
 )
 def catalog(settings: SettingsDep) -> CatalogOut:
     return CatalogOut.model_validate(listing(settings))
+
+
+@router.get(
+    "/catalog/models",
+    response_model=ModelCatalogOut,
+    summary="The models op `model` builds: presets, hub names, transformers model_types",
+)
+def model_catalog() -> ModelCatalogOut:
+    return ModelCatalogOut(
+        presets=[PresetModelOut.model_validate(asdict(p)) for p in PRESETS.values()],
+        hub_names=dict(HUB_NAMES),
+        model_types={kind: list(types) for kind, types in model_types().items()},
+    )
 
 
 def listing(settings: Settings) -> dict[str, Any]:

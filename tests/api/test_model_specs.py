@@ -1,0 +1,78 @@
+"""Model specs at the API's edge: the models it knows, and a spec accepted without a
+prediction when predictions are off (no torch needed for that)."""
+
+import httpx
+import pytest
+
+from tests.conftest import LiveServer, make_settings
+
+PRESETS = {
+    "gpt2",
+    "gpt2-medium",
+    "bert-base",
+    "t5-base",
+    "llama-1b",
+    "llama-8b",
+    "mistral-7b",
+    "vit-base",
+    "resnet-50",
+}
+
+
+def test_the_model_catalog_lists_presets_hub_names_and_model_types(client: httpx.Client) -> None:
+    listing = client.get("/v1/catalog/models").json()
+    assert {p["name"] for p in listing["presets"]} >= PRESETS
+    assert listing["hub_names"]["meta-llama/Llama-3.1-8B"] == "llama-8b"
+    assert "llama" in listing["model_types"]["causal-lm"]
+    assert "t5" in listing["model_types"]["seq2seq-lm"]
+    assert "vit" in listing["model_types"]["image-classification"]
+
+
+def test_an_unknown_model_is_refused_with_what_is_known(client: httpx.Client) -> None:
+    response = client.post(
+        "/v1/experiments",
+        json={"op": "model", "shape": [], "device": "cpu", "params": {"model": "gtp2"}},
+    )
+    assert response.status_code == 422, response.text
+    [detail] = response.json()["error"]["details"]
+    assert detail["field"] == "params.model"
+    assert "gpt2" in detail["message"] and "llama-8b" in detail["message"]
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"model": "bert-base", "task": "generate"}, "params.task"),
+        ({"model": "gpt2", "seq_len": 4096}, "params.seq_len"),
+        ({"model": "gpt2", "batch_size": 6, "micro_batches": 4}, "params.micro_batches"),
+        (
+            {"model": "gpt2", "optimizer": "adafactor", "optimizer_impl": "fused"},
+            "params.optimizer_impl",
+        ),
+        ({"model": "vit-base", "seq_len": 128}, "params.seq_len"),
+        ({"model": "gpt2", "steps": 1}, "params.steps"),
+        ({"model": "gpt2", "config": {"n_layer": {"nested": 1}}}, "params.config"),
+    ],
+)
+def test_knobs_that_do_not_combine_name_their_field(
+    client: httpx.Client, params: dict[str, object], field: str
+) -> None:
+    response = client.post(
+        "/v1/experiments", json={"op": "model", "shape": [], "device": "cpu", "params": params}
+    )
+    assert response.status_code == 422, response.text
+    fields = [d["field"] for d in response.json()["error"]["details"]]
+    assert any(f.startswith(field) for f in fields), fields
+
+
+def test_with_predictions_off_a_model_spec_queues_unpredicted(database_url: str) -> None:
+    settings = make_settings(database_url, model_predictions=False)
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=30) as http:
+        response = http.post(
+            "/v1/experiments",
+            json={"op": "model", "shape": [], "device": "cpu", "params": {"model": "gpt2"}},
+        )
+    assert response.status_code == 202, response.text
+    prediction = response.json()["prediction"]
+    assert prediction.get("peak_allocated") is None
+    assert any("VRAMLAB_MODEL_PREDICTIONS" in c for c in prediction["caveats"])
