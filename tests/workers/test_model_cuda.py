@@ -18,7 +18,7 @@ from tests.helpers import needs_cuda
 from tests.workers.conftest import build_spec
 from workers.runner import Runner
 
-pytestmark = [needs_cuda(), pytest.mark.slow]
+pytestmark = [*needs_cuda(), pytest.mark.slow]
 pytest.importorskip("transformers")
 
 SMALL_GPT2 = {"model": "gpt2", "config": {"n_layer": 4}, "batch_size": 4, "seq_len": 256}
