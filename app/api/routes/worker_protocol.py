@@ -17,6 +17,7 @@ from app.api.deps import (
     DatabaseDep,
     NowDep,
     PrincipalDep,
+    ReaperNudgeDep,
     SessionDep,
     SettingsDep,
     SignalDep,
@@ -123,6 +124,7 @@ async def claim(
     settings: SettingsDep,
     signal: SignalDep,
     clock: ClockDep,
+    nudge: ReaperNudgeDep,
     who: Annotated[Principal, Depends(principal_apart)],  # holds no session while it waits
 ) -> ClaimedExperiment | Response:
     await run_in_threadpool(_check_owner, db, req.worker_id, who)
@@ -144,6 +146,9 @@ async def claim(
                 return Response(status_code=204)
             if claimed is not None:
                 return claimed
+            # Nothing to take: expired leases may be waiting for the reaper, which puts
+            # them back and wakes this wait (a claim never settles them itself).
+            nudge()
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return Response(status_code=204)
