@@ -20,6 +20,7 @@ workers is not retaken first every time.
 """
 
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -27,12 +28,13 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, Select, delete, func, select, update
 from sqlalchemy.orm import Session
 
-from app.contract import ErrorType, Status
+from app.contract import ErrorType, ReportVerdict, Status
 from app.core.config import Settings
 from app.errors import ApiError, LeaseLost
 from app.models import Experiment, Result, TraceChunk, Worker
-from app.schemas.worker import OutcomeRequest
+from app.schemas.worker import OutcomeRequest, ReportItem
 from app.services import workers
+from app.services.auth import Principal
 
 # Expired leases settled in one statement at most (a round settles them all, in slices).
 EXPIRE_SLICE = 500
@@ -234,7 +236,11 @@ def release(session: Session, experiment_id: str, token: str, now: datetime) -> 
     return _reload(session, experiment_id)
 
 
-def finish(session: Session, experiment_id: str, req: OutcomeRequest, now: datetime) -> Experiment:
+def finish(
+    session: Session, experiment_id: str, req: OutcomeRequest, now: datetime, *, seen: bool = True
+) -> Experiment:
+    """Store the outcome under its lease. ``seen=False``: the caller marks the worker seen
+    once it has stored every outcome of a batch (the worker's row is locked last)."""
     values: dict[str, Any] = {"status": req.status, "finished_at": now, **_NO_LEASE}
     if req.error is not None:
         values |= {
@@ -262,6 +268,53 @@ def finish(session: Session, experiment_id: str, req: OutcomeRequest, now: datet
     if req.result is not None:
         data = req.result.model_dump(mode="json", by_alias=True, exclude_unset=True)
         exp.result = Result(worker_id=exp.worker_id, attempt=exp.attempts, data=data)
-    if exp.worker_id is not None:
+    if seen and exp.worker_id is not None:
         workers.seen(session, exp.worker_id, now)
     return exp
+
+
+@dataclass(frozen=True)
+class Verdict:
+    experiment_id: str
+    verdict: ReportVerdict
+    status: str | None = None
+    error: str | None = None
+
+
+def finish_many(
+    session: Session, items: Sequence[ReportItem], who: Principal, now: datetime
+) -> list[Verdict]:
+    """Store a batch of outcomes, each on its own: one whose lease was lost, or that
+    another token's worker claimed, or that does not hold up is refused and changes
+    nothing (a savepoint each); the others are stored. Verdicts in the items' order.
+
+    The experiments are locked in the order of their ids and the workers' rows after
+    them all, the order of every other call on claimed experiments."""
+    verdicts: dict[int, Verdict] = {}
+    workers_seen: set[str] = set()
+    for i in sorted(range(len(items)), key=lambda i: items[i].experiment_id):
+        item = items[i]
+        exp_id = item.experiment_id
+        if not workers.may_act_for_claim(session, exp_id, who):
+            verdicts[i] = Verdict(
+                exp_id,
+                ReportVerdict.REFUSED,
+                error=f"forbidden: experiment {exp_id} was claimed by another token's worker",
+            )
+            continue
+        try:
+            with session.begin_nested():
+                exp = finish(session, exp_id, item, now, seen=False)
+                session.flush()
+        except LeaseLost as exc:
+            verdicts[i] = Verdict(exp_id, ReportVerdict.LEASE_LOST, error=exc.message)
+            continue
+        except ApiError as exc:
+            verdicts[i] = Verdict(exp_id, ReportVerdict.REFUSED, error=f"{exc.type}: {exc.message}")
+            continue
+        verdicts[i] = Verdict(exp_id, ReportVerdict.STORED, status=exp.status)
+        if exp.worker_id is not None:
+            workers_seen.add(exp.worker_id)
+    for worker_id in sorted(workers_seen):
+        workers.seen(session, worker_id, now)
+    return [verdicts[i] for i in range(len(items))]
