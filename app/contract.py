@@ -92,6 +92,29 @@ MAX_TRACE_CHUNK_EVENTS = 100_000
 TRACE_CHUNK_EXPANSION = 8
 
 
+# -- batches of the worker protocol ----------------------------------------------------
+# A worker may take several experiments in one claim and report several outcomes in one
+# request: each experiment keeps its own lease and is checked on its own (exactly once,
+# by the token whose worker claimed it); an item refused changes nothing.
+CLAIM_BATCH_PATH = "/v1/worker/claims"
+REPORT_BATCH_PATH = "/v1/worker/results"
+# The most experiments one claim takes (its ``max``) and outcomes one report carries
+# (the whole report also fits the API's body limit, ``max_body_bytes``).
+MAX_CLAIM_BATCH = 64
+MAX_REPORT_BATCH = 64
+
+
+class ReportVerdict(StrEnum):
+    """What became of one outcome of a batch report."""
+
+    STORED = "stored"
+    # The lease no longer owns the experiment (expired and re-claimed, or ended): drop it.
+    LEASE_LOST = "lease_lost"
+    # Refused for good (another token's worker claimed it, or the outcome does not hold
+    # up, such as trace events that were never uploaded): the error says why.
+    REFUSED = "refused"
+
+
 class Figure(StrEnum):
     """The names of the v1 memory figures (``result.memory``'s keys), for code that
     reads them out of plain data (comparisons, counters, sweep rows)."""

@@ -69,7 +69,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.signal.bind(asyncio.get_running_loop())
         _say_how_auth_stands(app.state.db, settings)
         housekeeping = asyncio.create_task(
-            reaper.run(app.state.db, settings, lambda: app.state.clock(), app.state.signal)
+            reaper.run(
+                app.state.db,
+                settings,
+                lambda: app.state.clock(),
+                app.state.signal,
+                app.state.reaper_nudge,
+            )
         )
         # Replicas on one PostgreSQL database wake each other's waiting claims.
         listener = None
@@ -114,6 +120,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         wait_seconds=settings.db_wait_seconds,
     )
     app.state.signal = WorkSignal()
+    # A claim that finds nothing asks the reaper to settle expired leases now.
+    app.state.reaper_nudge = reaper.Nudge()
     # Signs the web pages' sessions; a random key ends every session when the API restarts.
     app.state.session_key = (
         settings.session_secret.encode() if settings.session_secret else secrets.token_bytes(32)

@@ -1,5 +1,6 @@
 """A throwaway vramlab service for benchmarks: `vramlab serve` and `vramlab worker` as
-processes on a temporary SQLite file, ready when a live worker has registered."""
+processes on a temporary SQLite file (or a database URL given), ready when a live worker
+has registered."""
 
 import os
 import socket
@@ -19,8 +20,14 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @contextmanager
 def running_service(
-    device: str, port: int | None = None, worker_args: Sequence[str] = ()
+    device: str,
+    port: int | None = None,
+    worker_args: Sequence[str] = (),
+    database_url: str | None = None,
+    serve: Sequence[str] | None = None,
 ) -> Iterator[httpx.Client]:
+    """``serve``: the API's command line instead of `vramlab serve` (its port appended
+    after ``--port``), such as bench/profiled_serve.py."""
     tmp = Path(tempfile.mkdtemp(prefix="vramlab-bench-"))
     # A free port unless told: a fixed one may belong to another service on this host,
     # which the benchmark would then measure instead.
@@ -28,13 +35,14 @@ def running_service(
     url = f"http://127.0.0.1:{port}"
     env = {
         **os.environ,
-        "VRAMLAB_DATABASE_URL": f"sqlite:///{tmp / 'bench.db'}",
+        "VRAMLAB_DATABASE_URL": database_url or f"sqlite:///{tmp / 'bench.db'}",
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
     }
     cli = [sys.executable, "-m", "app.cli"]
     log = (tmp / "service.log").open("wb")
+    api_command = [*serve, "--port", str(port)] if serve else [*cli, "serve", "--port", str(port)]
     api = subprocess.Popen(
-        [*cli, "serve", "--port", str(port), "--log-level", "warning"],
+        [*api_command, "--log-level", "warning"],
         env=env,
         stdout=log,
         stderr=log,

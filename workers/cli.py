@@ -13,6 +13,8 @@ import socket
 import sys
 from collections.abc import Sequence
 
+from app.contract import MAX_CLAIM_BATCH
+
 log = logging.getLogger("vramlab.worker")
 # What a worker cannot run a single experiment without (the `worker` extra).
 NEEDS = {"torch": "PyTorch", "psutil": "psutil (host memory figures)"}
@@ -57,6 +59,17 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
         help="warm spare children kept ready per device (default: the concurrency)",
     )
     p.add_argument(
+        "--batch",
+        type=int,
+        default=16,
+        choices=range(1, MAX_CLAIM_BATCH + 1),
+        metavar="K",
+        help="the most experiments one claim of each loop takes, reported together a few at "
+        "a time: as many as the loop runs in about half a second (tiny shared-process "
+        "experiments: many; long ones: one). 1: one claim and one report per experiment "
+        "(default 16)",
+    )
+    p.add_argument(
         "--cold",
         action="store_true",
         help="no warm spare children: fork each experiment's child when it is claimed",
@@ -93,6 +106,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             runner,
             name=name if args.concurrency == 1 else f"{name}/{i}",
             max_experiments=args.max_experiments,
+            batch=args.batch,
         )
         for i, client in enumerate(clients)
     ]

@@ -7,6 +7,8 @@ from typing import Any, TypeVar
 
 import httpx
 
+from app import contract
+
 log = logging.getLogger("vramlab.worker")
 T = TypeVar("T")
 # How much of a refusal's body a worker keeps (logs, the failure it reports instead).
@@ -77,6 +79,23 @@ class ApiClient:
             return None
         data: dict[str, Any] = self._check(response).json()
         return data
+
+    def claim_many(self, worker_id: str, wait_s: float, most: int) -> list[dict[str, Any]]:
+        """Up to ``most`` experiments, each with its own lease; [] when none came in wait_s."""
+        response = self.http.post(
+            contract.CLAIM_BATCH_PATH,
+            json={"worker_id": worker_id, "wait_s": wait_s, "max": most},
+            timeout=wait_s + 30,
+        )
+        claimed: list[dict[str, Any]] = self._check(response).json()["experiments"]
+        return claimed
+
+    def report_many(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Several outcomes (each with ``experiment_id`` and ``lease_token``) in one
+        request; a verdict for each (contract.ReportVerdict), in their order."""
+        response = self.http.post(contract.REPORT_BATCH_PATH, json={"results": items})
+        verdicts: list[dict[str, Any]] = self._check(response).json()["results"]
+        return verdicts
 
     def heartbeat(self, exp_id: str, token: str) -> dict[str, Any]:
         body = {"lease_token": token}

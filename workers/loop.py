@@ -8,26 +8,49 @@ at once, and an experiment the API handed out after the signal goes back unrun. 
 holds however the signal is handled (``install_signal_handlers`` here, or the crew's
 for several loops): the handler only sets ``stopping``.
 
+With ``batch`` above 1 the loop takes several experiments in one claim and reports
+their outcomes several at a time (the protocol's batch calls): as many as the last
+experiments suggest it runs in about ``BATCH_SECONDS`` (a run of tiny shared-process
+experiments, dozens; a long one, one at a time), so that a batch holds no experiment back
+for long. Each experiment still runs on its own, as it would alone, and keeps its own
+lease (heartbeats for every one held until its outcome is stored); outcomes wait at most
+``REPORT_EVERY_S`` to go together. A signal gives back what the batch has not started.
+
 Nothing one experiment produces ends the loop: an outcome the API refuses (too large,
 invalid) is replaced by a short ``report_refused`` failure, and the worker goes on.
 """
 
+import json
 import logging
 import shutil
 import signal
 import socket
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from app.contract import Status
+from app.contract import MAX_REPORT_BATCH, ReportVerdict, Status
 from workers.client import STOP_POLL_S, LeaseLost, Refused, UnknownWorker, with_retry
-from workers.outcome import Limits, OutOfLimits, refused, report_body, trace_chunks
+from workers.outcome import (
+    REPORT_OVERHEAD_BYTES,
+    Limits,
+    OutOfLimits,
+    refused,
+    report_body,
+    trace_chunks,
+)
 
 log = logging.getLogger("vramlab.worker")
+# A batch claim takes what the loop's last experiments suggest it runs in about this long.
+BATCH_SECONDS = 0.5
+# Outcomes of a batch wait at most this long to be reported together.
+REPORT_EVERY_S = 0.25
+# How quickly the estimate of an experiment's time follows the latest ones.
+ESTIMATE_WEIGHT = 0.3
 
 
 class OutcomeLike(Protocol):
@@ -54,6 +77,8 @@ class ClientLike(Protocol):
         self, name: str, hostname: str, capabilities: dict[str, Any]
     ) -> dict[str, Any]: ...
     def claim(self, worker_id: str, wait_s: float) -> dict[str, Any] | None: ...
+    def claim_many(self, worker_id: str, wait_s: float, most: int) -> list[dict[str, Any]]: ...
+    def report_many(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]: ...
     def heartbeat(self, exp_id: str, token: str) -> dict[str, Any]: ...
     def upload_trace(self, exp_id: str, token: str, seq: int, gz: bytes) -> None: ...
     def report(self, exp_id: str, token: str, outcome: dict[str, Any]) -> None: ...
@@ -70,11 +95,13 @@ class _Poll:
     """
 
     def __init__(
-        self, call: Callable[[], dict[str, Any] | None], late: Callable[[dict[str, Any]], None]
+        self,
+        call: Callable[[], list[dict[str, Any]]],
+        late: Callable[[list[dict[str, Any]]], None],
     ) -> None:
         self.call, self.late = call, late
         self.done = threading.Event()
-        self.result: dict[str, Any] | None = None
+        self.result: list[dict[str, Any]] = []
         self.error: BaseException | None = None
         self._lock = threading.Lock()
         self._abandoned = False
@@ -87,7 +114,7 @@ class _Poll:
         with self._lock:
             self.done.set()
             abandoned = self._abandoned
-        if abandoned and self.result is not None:
+        if abandoned and self.result:
             self.late(self.result)
 
     def abandon(self) -> bool:
@@ -119,12 +146,17 @@ class WorkerLoop:
         name: str | None = None,
         wait_s: float = 20.0,
         max_experiments: int | None = None,
+        batch: int = 1,
     ) -> None:
         self.client = client
         self.runner = runner
         self.name = name or socket.gethostname()
         self.wait_s = wait_s
         self.max_experiments = max_experiments
+        # The most experiments one claim takes; 1: the single calls of the protocol.
+        self.batch = batch
+        # What one experiment takes this loop, claim to outcome (None: none ran yet).
+        self.estimate_s: float | None = None
         # Set by the signal handler. The main thread only polls them (is_set): a handler
         # that set an Event the interrupted main thread was inside could deadlock.
         self.stopping = threading.Event()
@@ -177,43 +209,67 @@ class WorkerLoop:
                 if self.max_experiments is not None and done >= self.max_experiments:
                     break
                 try:
-                    claimed = self._claim()
+                    claimed = self._claim(self._batch_size(done))
                 except UnknownWorker:
                     log.warning("the API forgot this worker; registering again")
                     if not self.register():
                         break
                     continue
-                if claimed is None:
+                if not claimed:
                     continue
                 if self.stopping.is_set():
-                    log.info("%s was claimed after the signal: giving it back", claimed["id"])
-                    self._release(claimed["id"], claimed["lease_token"])
+                    for one in claimed:
+                        log.info("%s was claimed after the signal: giving it back", one["id"])
+                        self._release(one["id"], one["lease_token"])
                     break
-                self.execute(claimed)
-                done += 1
+                if self.batch == 1:
+                    self.execute(claimed[0])
+                    done += 1
+                else:
+                    done += self.execute_batch(claimed)
         finally:
             self._leave()
         return done
 
-    def _claim(self) -> dict[str, Any] | None:
+    def _batch_size(self, done: int) -> int:
+        most = self.batch
+        if self.max_experiments is not None:
+            most = min(most, self.max_experiments - done)
+        if self.estimate_s is None:
+            return 1
+        return max(1, min(most, int(BATCH_SECONDS / max(self.estimate_s, 1e-3))))
+
+    def _took(self, seconds: float) -> None:
+        last = self.estimate_s
+        self.estimate_s = seconds if last is None else last + ESTIMATE_WEIGHT * (seconds - last)
+
+    def _claim(self, most: int = 1) -> list[dict[str, Any]]:
         """One long-poll for work, which a signal cuts short: the loop stops waiting for
         the call at once, and gives back anything it still brings."""
         if self.stopping.is_set():
-            return None
+            return []
+        worker_id = str(self.worker_id)
+
+        def call() -> list[dict[str, Any]]:
+            if self.batch == 1:
+                one = self.client.claim(worker_id, self.wait_s)
+                return [] if one is None else [one]
+            return self.client.claim_many(worker_id, self.wait_s, most)
+
+        def late(claimed: list[dict[str, Any]]) -> None:
+            for one in claimed:
+                self._release(one["id"], one["lease_token"])
+
         poll = _Poll(
-            lambda: with_retry(
-                lambda: self.client.claim(str(self.worker_id), self.wait_s),
-                what="claim",
-                should_stop=self.stopping.is_set,
-            ),
-            late=lambda claimed: self._release(claimed["id"], claimed["lease_token"]),
+            lambda: with_retry(call, what="claim", should_stop=self.stopping.is_set) or [],
+            late=late,
         )
         threading.Thread(target=poll.run, name="vramlab-claim", daemon=True).start()
         # Waits on the call's own event, never on one a signal handler sets.
         while not poll.done.wait(STOP_POLL_S):
             if self.stopping.is_set() and poll.abandon():
                 log.info("stopping: no longer waiting for work")
-                return None
+                return []
         if poll.error is not None:
             raise poll.error
         return poll.result
@@ -242,7 +298,20 @@ class WorkerLoop:
 
     def execute(self, claimed: dict[str, Any]) -> None:
         lease = Lease(exp_id=claimed["id"], token=claimed["lease_token"])
-        spec = claimed["spec"]
+        # Heartbeats run until the outcome is stored: a long upload keeps its lease.
+        beat = threading.Thread(target=self._heartbeats, args=(lease,), daemon=True)
+        beat.start()
+        try:
+            body = self._run(lease, claimed["spec"])
+            if body is not None:
+                self._report_body(lease, body)
+        finally:
+            lease.done.set()
+            beat.join()
+
+    def _run(self, lease: Lease, spec: dict[str, Any]) -> dict[str, Any] | None:
+        """Run one claimed experiment and upload its trace: the report to send, or None
+        when there is none (the lease was lost, or an abort gave the experiment back)."""
         log.info(
             "running %s: %s %s %s on %s",
             lease.exp_id,
@@ -251,9 +320,6 @@ class WorkerLoop:
             spec["dtype"],
             spec["device"],
         )
-        # Heartbeats run until the outcome is stored: a long upload keeps its lease.
-        beat = threading.Thread(target=self._heartbeats, args=(lease,), daemon=True)
-        beat.start()
         work_dir = Path(tempfile.mkdtemp(prefix="vramlab-"))
         try:
             outcome = self.runner.run(
@@ -264,19 +330,119 @@ class WorkerLoop:
                 work_dir=work_dir,
             )
             if lease.lost:
-                return
+                return None
             if (
                 outcome.status == Status.CANCELLED
                 and self.aborting.is_set()
                 and not lease.cancel_requested
             ):
                 self._release(lease.exp_id, lease.token)
-                return
-            self._report(lease, outcome)
+                return None
+            return self._upload(lease, outcome)
+        except Refused as exc:  # the trace upload's refusals become a body; this is none
+            log.error("%s: the API refused the outcome (%s)", lease.exp_id, exc)
+            return refused("outcome", f"the API answered {exc}", self.limits)
         finally:
-            lease.done.set()
-            beat.join()
             shutil.rmtree(work_dir, ignore_errors=True)
+
+    # -- a batch -----------------------------------------------------------------
+    def _batch_heartbeats(self, leases: list[Lease], over: threading.Event) -> None:
+        while not over.wait(self.heartbeat_seconds):
+            for lease in leases:
+                if lease.done.is_set() or lease.lost:
+                    continue
+                try:
+                    reply = self.client.heartbeat(lease.exp_id, lease.token)
+                    lease.cancel_requested = bool(reply.get("cancel_requested"))
+                except LeaseLost:
+                    log.warning("lease on %s lost: stopping it", lease.exp_id)
+                    lease.lost = True
+                except Exception as exc:  # the API may be down for a while: keep trying
+                    log.warning("heartbeat for %s failed: %s", lease.exp_id, exc)
+
+    def execute_batch(self, claimed: list[dict[str, Any]]) -> int:
+        """Run a claim's experiments one after another, reporting their outcomes a few at
+        a time; returns how many ran (a signal gives back those not started)."""
+        leases = [Lease(exp_id=c["id"], token=c["lease_token"]) for c in claimed]
+        over = threading.Event()
+        beat = threading.Thread(target=self._batch_heartbeats, args=(leases, over), daemon=True)
+        beat.start()
+        pending: list[tuple[Lease, dict[str, Any]]] = []
+        size = 0
+        since = time.monotonic()
+        ran = 0
+        try:
+            for lease, one in zip(leases, claimed, strict=True):
+                if self.stopping.is_set() or lease.lost:
+                    if not lease.lost:
+                        log.info("%s: stopping, giving it back unrun", lease.exp_id)
+                        self._release(lease.exp_id, lease.token)
+                    lease.done.set()
+                    continue
+                start = time.monotonic()
+                body = self._run(lease, one["spec"])
+                ran += 1
+                if body is None:
+                    lease.done.set()
+                    self._took(time.monotonic() - start)
+                    continue
+                body_size = len(json.dumps(body)) + REPORT_OVERHEAD_BYTES
+                if pending and (
+                    size + body_size > self.limits.max_body_bytes
+                    or len(pending) >= MAX_REPORT_BATCH
+                ):
+                    self._report_many(pending)
+                    pending, size = [], 0
+                if not pending:
+                    since = time.monotonic()
+                pending.append((lease, body))
+                size += body_size
+                if time.monotonic() - since >= REPORT_EVERY_S:
+                    self._report_many(pending)
+                    pending, size = [], 0
+                self._took(time.monotonic() - start)
+            if pending:
+                self._report_many(pending)
+                pending = []
+        finally:
+            for lease, body in pending:  # an error left them unsent: one at a time
+                self._report_body(lease, body)
+            over.set()
+            beat.join()
+        return ran
+
+    def _report_many(self, pending: list[tuple[Lease, dict[str, Any]]]) -> None:
+        items = [
+            {"experiment_id": lease.exp_id, "lease_token": lease.token, **body}
+            for lease, body in pending
+        ]
+        try:
+            verdicts = with_retry(
+                lambda: self.client.report_many(items), what="report", should_stop=lambda: False
+            )
+        except Refused as exc:
+            # The report as a whole (an outcome whose shape the API refuses): each on its
+            # own, so that the one at fault becomes a short failure and the rest stand.
+            log.warning("the API refused a batch report (%s): reporting one at a time", exc)
+            verdicts = None
+        if verdicts is None or len(verdicts) != len(pending):
+            for lease, body in pending:
+                self._report_body(lease, body)
+                lease.done.set()
+            return
+        for (lease, body), verdict in zip(pending, verdicts, strict=True):
+            kind = verdict.get("verdict")
+            if kind == ReportVerdict.STORED:
+                error = body["error"]
+                log.info("%s: %s", lease.exp_id, body["status"] if error is None else error["type"])
+            elif kind == ReportVerdict.LEASE_LOST:
+                log.warning("report of %s refused: the lease was lost", lease.exp_id)
+            else:
+                log.error(
+                    "%s: the API refused the outcome (%s)", lease.exp_id, verdict.get("error")
+                )
+                self._send_refused(lease, "outcome", f"the API answered {verdict.get('error')}")
+            lease.done.set()
 
     def _call(self, fn: Any, what: str) -> bool:
         """One protocol call, retried while the API is unreachable; False if the lease is
@@ -294,11 +460,8 @@ class WorkerLoop:
         except Refused as exc:  # the lease expires by itself
             log.warning("%s: release refused (%s)", exp_id, exc)
 
-    def _report(self, lease: Lease, outcome: OutcomeLike) -> None:
+    def _report_body(self, lease: Lease, body: dict[str, Any]) -> None:
         try:
-            body = self._upload(lease, outcome)
-            if body is None:
-                return
             if self._send(lease, body):
                 error = body["error"]
                 log.info("%s: %s", lease.exp_id, body["status"] if error is None else error["type"])

@@ -26,6 +26,7 @@ from app.core.db import Database
 from app.errors import Forbidden, Unauthorized
 from app.models import Experiment
 from app.services import auth, experiments, sessions, workers
+from app.services.reaper import Nudge
 from app.services.signals import WorkSignal
 
 READ_METHODS = ("GET", "HEAD", "OPTIONS")
@@ -85,6 +86,14 @@ SessionDep = Annotated[Session, Depends(session, scope="function")]
 DatabaseDep = Annotated[Database, Depends(get_db)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SignalDep = Annotated[WorkSignal, Depends(get_signal)]
+
+
+async def get_reaper_nudge(request: Request) -> Nudge:
+    nudge: Nudge = request.app.state.reaper_nudge
+    return nudge
+
+
+ReaperNudgeDep = Annotated[Nudge, Depends(get_reaper_nudge)]
 ClockDep = Annotated[Callable[[], datetime], Depends(get_clock)]
 NowDep = Annotated[datetime, Depends(now)]
 

@@ -14,7 +14,7 @@ from pydantic import (
 )
 
 from app import contract
-from app.contract import Outcome, WorkerState
+from app.contract import Outcome, ReportVerdict, WorkerState
 from app.schemas import data
 from app.schemas.data import TEXT_PATTERN
 
@@ -96,6 +96,15 @@ class ClaimRequest(BaseModel):
     wait_s: float = Field(default=20.0, ge=0, le=60, strict=True)
 
 
+class ClaimsRequest(ClaimRequest):
+    max: int = Field(
+        default=1,
+        ge=1,
+        le=contract.MAX_CLAIM_BATCH,
+        description="the most experiments to take at once (each with its own lease)",
+    )
+
+
 class StopRequest(BaseModel):
     worker_id: str = Field(max_length=36)
 
@@ -109,6 +118,12 @@ class ClaimedExperiment(BaseModel):
         description="the validated spec, params filled, with its prediction and the "
         "service's byte cap (`memory_limit_bytes`), which the worker holds the run to"
     )
+
+
+class ClaimedBatch(BaseModel):
+    """Experiments a claim took, in the claim order; empty when no work arrived in wait_s."""
+
+    experiments: list[ClaimedExperiment]
 
 
 class LeaseRequest(BaseModel):
@@ -149,6 +164,30 @@ class OutcomeRequest(LeaseRequest, Outcome):
         if (why := data.problem(value)) is not None:
             raise ValueError(why)
         return value
+
+
+class ReportItem(OutcomeRequest):
+    """One outcome of a batch report: the experiment, its lease, the outcome."""
+
+    experiment_id: str = Field(max_length=64)
+
+
+class ReportBatchRequest(BaseModel):
+    results: list[ReportItem] = Field(min_length=1, max_length=contract.MAX_REPORT_BATCH)
+
+
+class ReportItemVerdict(BaseModel):
+    experiment_id: str
+    verdict: ReportVerdict
+    # The experiment's status once stored; the reason when not.
+    status: str | None = None
+    error: str | None = None
+
+
+class ReportBatchResponse(BaseModel):
+    """One verdict per outcome, in the order they were sent."""
+
+    results: list[ReportItemVerdict]
 
 
 class WorkerOut(BaseModel):

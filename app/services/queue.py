@@ -3,17 +3,24 @@
 Every state change is one conditional UPDATE on the status it expects (and, once
 claimed, the lease token), and the row count says whether it happened: nothing reads a
 row, decides in Python and writes it back, so two changes that race (a cancel and a
-claim, a late report and an expiry) cannot both win. On PostgreSQL the claim's
-candidate is taken with ``FOR UPDATE SKIP LOCKED`` so that concurrent claimers pass
-each other; on SQLite the transaction holds the write lock (``BEGIN IMMEDIATE``).
+claim, a late report and an expiry) cannot both win.
 
-Expired leases are settled by the API's own housekeeping task (``settle``, run from
-the app's lifespan) and again inside each claim as a backstop. A requeued experiment
-goes to the back of its priority (``available_at``), so one that kills its workers is
-not retaken first every time.
+No transaction here ever waits for a row another one holds while it holds rows of its
+own in another order, so PostgreSQL finds no deadlock between them. A claim takes its
+candidates with ``FOR UPDATE SKIP LOCKED`` in the claim order (one fixed order: that of
+the index ``ix_experiments_claim``) and passes rows that others hold; it never settles
+expired leases itself. Expired leases are settled by the API's housekeeping task alone
+(app/services/reaper.py, which a claim that finds nothing nudges): it too takes the
+expired rows with ``SKIP LOCKED``, in the order of their ids, and a row held by a
+heartbeat or an outcome is left for its next round. Calls on claimed experiments lock
+the experiments first and the worker's row last. On SQLite the write transaction holds
+the database's write lock (``BEGIN IMMEDIATE``) and none of this arises. A requeued
+experiment goes to the back of its priority (``available_at``), so one that kills its
+workers is not retaken first every time.
 """
 
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -21,16 +28,16 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, Select, delete, func, select, update
 from sqlalchemy.orm import Session
 
-from app.contract import ErrorType, Status
+from app.contract import ErrorType, ReportVerdict, Status
 from app.core.config import Settings
 from app.errors import ApiError, LeaseLost
 from app.models import Experiment, Result, TraceChunk, Worker
-from app.schemas.worker import OutcomeRequest
+from app.schemas.worker import OutcomeRequest, ReportItem
 from app.services import workers
+from app.services.auth import Principal
 
-# A claim whose candidate was taken by someone else between its SELECT and its UPDATE
-# (SQLite never; PostgreSQL only when a cancel wins the row) looks again this often.
-CLAIM_TRIES = 3
+# Expired leases settled in one statement at most (a round settles them all, in slices).
+EXPIRE_SLICE = 500
 _NO_LEASE: dict[str, Any] = {"lease_token": None, "lease_expires_at": None}
 
 
@@ -70,74 +77,114 @@ def _lease_lost(session: Session, experiment_id: str) -> LeaseLost:
     )
 
 
+def _locked_in_order(session: Session, stmt: Select[Any]) -> Select[Any]:
+    """On PostgreSQL, the rows ``stmt`` selects, locked, passing those another transaction
+    holds (``stmt`` fixes the order they are taken in); SQLite's write lock holds them all."""
+    if session.get_bind().dialect.name == "postgresql":
+        return stmt.with_for_update(skip_locked=True, of=Experiment)
+    return stmt
+
+
 def expire_leases(session: Session, now: datetime, max_attempts: int) -> int:
     """Expired leases: cancel what was being cancelled, fail what used every attempt as
-    `lost`, and put the rest at the back of the queue. Returns how many were settled."""
-    expired = (Experiment.status == Status.RUNNING, Experiment.lease_expires_at < now)
+    `lost`, and put the rest at the back of the queue. Returns how many were settled.
+
+    The reaper's work alone. The rows are taken in the order of their ids, passing any
+    that another transaction holds (a heartbeat or an outcome that raced the expiry: the
+    next round sees it again if it still needs settling), so this never waits on a row."""
     settled = 0
-    for where, values in (
-        (
-            (Experiment.cancel_requested.is_(True),),
-            {"status": Status.CANCELLED, "finished_at": now},
-        ),
-        (
-            (Experiment.attempts >= max_attempts,),
-            {
-                "status": Status.FAILED,
-                "finished_at": now,
-                "error_type": ErrorType.LOST,
-                "error_message": (
-                    f"the worker's lease expired {max_attempts} time(s): "
-                    "its worker died or lost contact while running it"
-                ),
-                "error_hint": "a crash that takes the worker down repeats; check the worker's log",
-            },
-        ),
-        ((), {"status": Status.QUEUED, "worker_id": None, "available_at": now}),
-    ):
-        stmt = update(Experiment).where(*expired, *where).values(**values, **_NO_LEASE)
-        result = session.execute(stmt.execution_options(synchronize_session=False))
-        settled += cast(CursorResult[Any], result).rowcount
-    return settled
+    while True:
+        stmt = (
+            select(Experiment.id)
+            .where(Experiment.status == Status.RUNNING, Experiment.lease_expires_at < now)
+            .order_by(Experiment.id)
+            .limit(EXPIRE_SLICE)
+        )
+        ids = list(session.scalars(_locked_in_order(session, stmt)))
+        if not ids:
+            return settled
+        expired = (Experiment.id.in_(ids), Experiment.status == Status.RUNNING)
+        for where, values in (
+            (
+                (Experiment.cancel_requested.is_(True),),
+                {"status": Status.CANCELLED, "finished_at": now},
+            ),
+            (
+                (Experiment.attempts >= max_attempts,),
+                {
+                    "status": Status.FAILED,
+                    "finished_at": now,
+                    "error_type": ErrorType.LOST,
+                    "error_message": (
+                        f"the worker's lease expired {max_attempts} time(s): "
+                        "its worker died or lost contact while running it"
+                    ),
+                    "error_hint": (
+                        "a crash that takes the worker down repeats; check the worker's log"
+                    ),
+                },
+            ),
+            ((), {"status": Status.QUEUED, "worker_id": None, "available_at": now}),
+        ):
+            stmt_u = update(Experiment).where(*expired, *where).values(**values, **_NO_LEASE)
+            result = session.execute(stmt_u.execution_options(synchronize_session=False))
+            settled += cast(CursorResult[Any], result).rowcount
+        if len(ids) < EXPIRE_SLICE:
+            return settled
 
 
-def next_candidate(capabilities: dict[str, Any]) -> Select[str]:
-    """The queued experiment a worker with these capabilities takes next; the order is
-    that of the index ``ix_experiments_claim``."""
+def next_candidates(capabilities: dict[str, Any], limit: int = 1) -> Select[Any]:
+    """The queued experiments a worker with these capabilities takes next, in the order
+    of the index ``ix_experiments_claim``."""
     return (
         select(Experiment.id)
         .where(Experiment.status == Status.QUEUED, workers.runnable_clause(capabilities))
         .order_by(Experiment.priority.desc(), Experiment.available_at, Experiment.id)
-        .limit(1)
+        .limit(limit)
     )
 
 
-def claim(session: Session, worker: Worker, settings: Settings, now: datetime) -> Claim | None:
-    expire_leases(session, now, settings.max_attempts)
+def next_candidate(capabilities: dict[str, Any]) -> Select[Any]:
+    return next_candidates(capabilities, 1)
+
+
+def claim_many(
+    session: Session, worker: Worker, settings: Settings, now: datetime, limit: int
+) -> list[Claim]:
+    """Up to ``limit`` experiments for this worker, in the claim order, each leased under
+    one new token (the claim's). Rows another claim holds are passed, never waited for;
+    expired leases are the reaper's (a claim that finds nothing nudges it)."""
     workers.seen(session, worker.id, now)
-    stmt = next_candidate(worker.capabilities)
-    if session.get_bind().dialect.name == "postgresql":
-        stmt = stmt.with_for_update(skip_locked=True, of=Experiment)
-    for _ in range(CLAIM_TRIES):
-        exp_id = session.scalars(stmt).first()
-        if exp_id is None:
-            return None
-        token = secrets.token_hex(16)
-        if transition(
-            session,
-            exp_id,
-            Status.QUEUED,
+    ids = list(
+        session.scalars(_locked_in_order(session, next_candidates(worker.capabilities, limit)))
+    )
+    if not ids:
+        return []
+    token = secrets.token_hex(16)
+    stmt = (
+        update(Experiment)
+        .where(Experiment.id.in_(ids), Experiment.status == Status.QUEUED)
+        .values(
             status=Status.RUNNING,
             attempts=Experiment.attempts + 1,
             lease_token=token,
             lease_expires_at=now + timedelta(seconds=settings.lease_seconds),
             worker_id=worker.id,
             started_at=now,
-        ):
-            # A trace left by an earlier attempt whose lease expired belongs to no result.
-            session.execute(delete(TraceChunk).where(TraceChunk.experiment_id == exp_id))
-            return Claim(_reload(session, exp_id), token)
-    return None
+        )
+    )
+    session.execute(stmt.execution_options(synchronize_session=False))
+    # A trace left by an earlier attempt whose lease expired belongs to no result.
+    session.execute(delete(TraceChunk).where(TraceChunk.experiment_id.in_(ids)))
+    taken = select(Experiment).where(Experiment.id.in_(ids), Experiment.lease_token == token)
+    rows = session.scalars(taken.execution_options(populate_existing=True)).all()
+    order = {exp_id: i for i, exp_id in enumerate(ids)}
+    return [Claim(exp, token) for exp in sorted(rows, key=lambda e: order[e.id])]
+
+
+def claim(session: Session, worker: Worker, settings: Settings, now: datetime) -> Claim | None:
+    got = claim_many(session, worker, settings, now, 1)
+    return got[0] if got else None
 
 
 def owned(session: Session, experiment_id: str, token: str) -> Experiment:
@@ -189,7 +236,11 @@ def release(session: Session, experiment_id: str, token: str, now: datetime) -> 
     return _reload(session, experiment_id)
 
 
-def finish(session: Session, experiment_id: str, req: OutcomeRequest, now: datetime) -> Experiment:
+def finish(
+    session: Session, experiment_id: str, req: OutcomeRequest, now: datetime, *, seen: bool = True
+) -> Experiment:
+    """Store the outcome under its lease. ``seen=False``: the caller marks the worker seen
+    once it has stored every outcome of a batch (the worker's row is locked last)."""
     values: dict[str, Any] = {"status": req.status, "finished_at": now, **_NO_LEASE}
     if req.error is not None:
         values |= {
@@ -217,6 +268,53 @@ def finish(session: Session, experiment_id: str, req: OutcomeRequest, now: datet
     if req.result is not None:
         data = req.result.model_dump(mode="json", by_alias=True, exclude_unset=True)
         exp.result = Result(worker_id=exp.worker_id, attempt=exp.attempts, data=data)
-    if exp.worker_id is not None:
+    if seen and exp.worker_id is not None:
         workers.seen(session, exp.worker_id, now)
     return exp
+
+
+@dataclass(frozen=True)
+class Verdict:
+    experiment_id: str
+    verdict: ReportVerdict
+    status: str | None = None
+    error: str | None = None
+
+
+def finish_many(
+    session: Session, items: Sequence[ReportItem], who: Principal, now: datetime
+) -> list[Verdict]:
+    """Store a batch of outcomes, each on its own: one whose lease was lost, or that
+    another token's worker claimed, or that does not hold up is refused and changes
+    nothing (a savepoint each); the others are stored. Verdicts in the items' order.
+
+    The experiments are locked in the order of their ids and the workers' rows after
+    them all, the order of every other call on claimed experiments."""
+    verdicts: dict[int, Verdict] = {}
+    workers_seen: set[str] = set()
+    for i in sorted(range(len(items)), key=lambda i: items[i].experiment_id):
+        item = items[i]
+        exp_id = item.experiment_id
+        if not workers.may_act_for_claim(session, exp_id, who):
+            verdicts[i] = Verdict(
+                exp_id,
+                ReportVerdict.REFUSED,
+                error=f"forbidden: experiment {exp_id} was claimed by another token's worker",
+            )
+            continue
+        try:
+            with session.begin_nested():
+                exp = finish(session, exp_id, item, now, seen=False)
+                session.flush()
+        except LeaseLost as exc:
+            verdicts[i] = Verdict(exp_id, ReportVerdict.LEASE_LOST, error=exc.message)
+            continue
+        except ApiError as exc:
+            verdicts[i] = Verdict(exp_id, ReportVerdict.REFUSED, error=f"{exc.type}: {exc.message}")
+            continue
+        verdicts[i] = Verdict(exp_id, ReportVerdict.STORED, status=exp.status)
+        if exp.worker_id is not None:
+            workers_seen.add(exp.worker_id)
+    for worker_id in sorted(workers_seen):
+        workers.seen(session, worker_id, now)
+    return [verdicts[i] for i in range(len(items))]

@@ -18,6 +18,8 @@ from tests.conftest import Clock, LiveServer, make_settings
 from tests.helpers import CUDA_CAPS, claim, register, submit
 
 ROUNDS = 40
+# A claim that waits for the reaper: the limit only stops a hang.
+WAIT_S = 30.0
 
 
 def _wait_until(check: Callable[[], bool], what: str, limit_s: float = 30.0) -> None:
@@ -116,22 +118,31 @@ def test_an_expired_lease_is_settled_with_no_worker_polling(database_url: str) -
 
 def test_expired_lease_goes_back_then_fails_as_lost(database_url: str) -> None:
     clock = Clock()
-    settings = make_settings(database_url, lease_seconds=30, max_attempts=2)
-    with LiveServer(settings, clock) as live, httpx.Client(base_url=live.url) as client:
+    settings = make_settings(
+        database_url, lease_seconds=30, max_attempts=2, claim_wait_seconds=WAIT_S
+    )
+    with LiveServer(settings, clock) as live, httpx.Client(base_url=live.url, timeout=60) as client:
         exp = submit(client)
         worker = register(client)
         first = claim(client, worker)
         assert first is not None and first["attempt"] == 1
         clock.advance(31)
-        second = claim(client, worker)  # the claim settles expired leases as a backstop
+        # The claim finds nothing queued and nudges the reaper, which puts the experiment
+        # back and wakes it (a claim never settles expired leases itself).
+        second = claim(client, worker, wait_s=WAIT_S)
         assert second is not None and second["id"] == exp["id"] and second["attempt"] == 2
         body = {"lease_token": first["lease_token"], "status": "cancelled"}
         late = client.post(f"/v1/worker/experiments/{exp['id']}/result", json=body)
         assert late.status_code == 409  # the first lease is dead: the re-run stands
         clock.advance(31)
-        assert claim(client, worker) is None
+        assert claim(client, worker) is None  # nothing to take: it nudges the reaper
+
+        def failed() -> bool:
+            return bool(client.get(f"/v1/experiments/{exp['id']}").json()["status"] == "failed")
+
+        _wait_until(failed, "the expired lease used its last attempt")
         lost = client.get(f"/v1/experiments/{exp['id']}").json()
-        assert lost["status"] == "failed" and lost["error"]["type"] == "lost"
+        assert lost["error"]["type"] == "lost"
         assert lost["attempts"] == 2
         assert _worker(client, worker)["state"] == "idle"
 
@@ -140,8 +151,8 @@ def test_a_requeued_experiment_waits_behind_the_queue(database_url: str) -> None
     # Before: the claim's order (priority, created_at) gave the requeued one back first,
     # so an experiment that kills its worker used up its attempts at once.
     clock = Clock()
-    settings = make_settings(database_url, lease_seconds=30)
-    with LiveServer(settings, clock) as live, httpx.Client(base_url=live.url) as client:
+    settings = make_settings(database_url, lease_seconds=30, claim_wait_seconds=WAIT_S)
+    with LiveServer(settings, clock) as live, httpx.Client(base_url=live.url, timeout=60) as client:
         queued = []
         for _ in range(3):
             queued.append(submit(client)["id"])
@@ -151,7 +162,8 @@ def test_a_requeued_experiment_waits_behind_the_queue(database_url: str) -> None
         got = claim(client, worker)
         assert got is not None and got["id"] == first
         clock.advance(31)  # its worker died
-        order = [claim(client, register(client)) for _ in range(3)]
+        # The third finds nothing queued, and waits while the reaper puts the first back.
+        order = [claim(client, register(client), wait_s=WAIT_S) for _ in range(3)]
         assert [g["id"] for g in order if g is not None] == [second, third, first]
         urgent = submit(client, priority=5)["id"]
         assert claim(client, worker)["id"] == urgent  # type: ignore[index]

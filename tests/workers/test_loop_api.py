@@ -2,6 +2,7 @@
 outcome the API refuses is stored as a short `report_refused` failure, and the worker
 goes on to the next experiment."""
 
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -9,8 +10,8 @@ import pytest
 
 from app.contract import ErrorType, Status
 from tests.conftest import LiveServer, make_settings
-from tests.helpers import submit
-from tests.workers.test_loop import FakeRunner, succeeded
+from tests.helpers import MEMORY, submit
+from tests.workers.test_loop import FakeRunner, succeeded, with_trace
 from workers.client import ApiClient
 from workers.loop import WorkerLoop
 from workers.runner import Outcome
@@ -52,3 +53,63 @@ def test_an_outcome_over_the_apis_limit_is_stored_as_report_refused(
         message = refused["error"]["message"]
         assert ("413" if client_class is UninformedClient else f"limit of {LIMIT}") in message
         assert http.get(f"/v1/experiments/{second['id']}").json()["status"] == Status.SUCCEEDED
+
+
+class CountingClient(ApiClient):
+    """Counts what each batch call carried."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.claimed: list[int] = []
+        self.reported: list[int] = []
+
+    def claim_many(self, worker_id: str, wait_s: float, most: int) -> list[dict[str, Any]]:
+        got = super().claim_many(worker_id, wait_s, most)
+        self.claimed.append(len(got))
+        return got
+
+    def report_many(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        self.reported.append(len(items))
+        return super().report_many(items)
+
+
+def test_a_batching_loop_claims_and_reports_many_at_once_and_stores_each_outcome(
+    database_url: str,
+) -> None:
+    n = 24
+    count = iter(range(n))
+
+    def script(work_dir: Path, **_: Any) -> Outcome:
+        i = next(count)
+        if i % 3 == 1:
+            return with_trace(work_dir, 30 + i)
+        if i % 3 == 2:
+            error = {"type": "oom", "message": f"out of memory {i}"}
+            return Outcome("failed", {"memory": dict(MEMORY)}, error, None, 0)
+        return succeeded(notes=[f"run {i}"])
+
+    settings = make_settings(database_url, claim_wait_seconds=0.0)
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=30) as http:
+        ids = [submit(http)["id"] for _ in range(n)]
+        client = CountingClient(live.url)
+        loop = WorkerLoop(
+            client, FakeRunner(script), name="t", wait_s=0, max_experiments=n, batch=8
+        )
+        try:
+            assert loop.run() == n
+        finally:
+            client.close()
+        # The first claim takes one (nothing ran yet); then whole batches of tiny runs.
+        assert client.claimed[0] == 1 and max(client.claimed) == 8 and sum(client.claimed) == n
+        assert max(client.reported) > 1 and sum(client.reported) == n
+        for i, exp_id in enumerate(ids):  # claimed in the order submitted
+            exp = http.get(f"/v1/experiments/{exp_id}").json()
+            assert exp["attempts"] == 1
+            if i % 3 == 0:
+                assert (exp["status"], exp["result"]["notes"]) == ("succeeded", [f"run {i}"])
+            elif i % 3 == 1:
+                assert exp["status"] == "succeeded"
+                trace = http.get(f"/v1/experiments/{exp_id}/trace").json()
+                assert len(trace["events"]) == 30 + i, trace
+            else:
+                assert exp["status"] == "failed" and exp["error"]["message"] == f"out of memory {i}"

@@ -17,6 +17,7 @@ from app.api.deps import (
     DatabaseDep,
     NowDep,
     PrincipalDep,
+    ReaperNudgeDep,
     SessionDep,
     SettingsDep,
     SignalDep,
@@ -25,25 +26,32 @@ from app.api.deps import (
     require,
 )
 from app.api.openapi import WORKER_TAG
+from app.contract import CLAIM_BATCH_PATH, REPORT_BATCH_PATH
 from app.core.config import Settings
 from app.core.db import Database
 from app.errors import ERROR_RESPONSES
 from app.models import Experiment
 from app.schemas.worker import (
+    ClaimedBatch,
     ClaimedExperiment,
     ClaimRequest,
+    ClaimsRequest,
     HeartbeatRequest,
     HeartbeatResponse,
     LeaseRequest,
     OutcomeRequest,
     RegisterRequest,
     RegisterResponse,
+    ReportBatchRequest,
+    ReportBatchResponse,
+    ReportItemVerdict,
     StopRequest,
     WorkerLimits,
 )
 from app.services import experiments, queue, traces, workers
 from app.services.auth import Principal
-from app.services.signals import wait_for
+from app.services.reaper import Nudge
+from app.services.signals import WorkSignal, wait_for
 
 router = APIRouter(prefix="/v1/worker", tags=[WORKER_TAG], responses=ERROR_RESPONSES)
 # Every call needs the worker scope: checked here for register and the claim (whose
@@ -86,27 +94,74 @@ def _check_owner(db: Database, worker_id: str, who: Principal) -> None:
 
 
 def _try_claim(
-    db: Database, worker_id: str, settings: Settings, clock: Callable[[], datetime]
-) -> ClaimedExperiment | None:
+    db: Database, worker_id: str, settings: Settings, clock: Callable[[], datetime], limit: int
+) -> list[ClaimedExperiment]:
     with db.session() as s:
         worker = workers.get(s, worker_id)
-        claim = queue.claim(s, worker, settings, clock())
-        if claim is None:
-            return None
-        exp = claim.experiment
-        assert exp.lease_expires_at is not None
-        return ClaimedExperiment(
-            id=exp.id,
-            attempt=exp.attempts,
-            lease_token=claim.lease_token,
-            lease_expires_at=exp.lease_expires_at,
-            spec=spec_for_worker(exp, settings),
-        )
+        claimed = []
+        for claim in queue.claim_many(s, worker, settings, clock(), limit):
+            exp = claim.experiment
+            assert exp.lease_expires_at is not None
+            claimed.append(
+                ClaimedExperiment(
+                    id=exp.id,
+                    attempt=exp.attempts,
+                    lease_token=claim.lease_token,
+                    lease_expires_at=exp.lease_expires_at,
+                    spec=spec_for_worker(exp, settings),
+                )
+            )
+        return claimed
 
 
-def _give_back(db: Database, claimed: ClaimedExperiment, clock: Callable[[], datetime]) -> None:
+def _give_back(
+    db: Database, claimed: list[ClaimedExperiment], clock: Callable[[], datetime]
+) -> None:
     with db.session() as s:
-        queue.release(s, claimed.id, claimed.lease_token, clock())
+        for one in sorted(claimed, key=lambda c: c.id):
+            queue.release(s, one.id, one.lease_token, clock())
+
+
+async def _long_poll(
+    request: Request,
+    req: ClaimRequest,
+    limit: int,
+    db: Database,
+    settings: Settings,
+    signal: WorkSignal,
+    clock: Callable[[], datetime],
+    nudge: Nudge,
+    who: Principal,
+) -> list[ClaimedExperiment]:
+    """Up to ``limit`` experiments for the worker, waiting up to ``wait_s`` for one."""
+    await run_in_threadpool(_check_owner, db, req.worker_id, who)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + min(req.wait_s, settings.claim_wait_seconds)
+    # A worker that stops cuts its poll short by closing the connection: notice it at
+    # once, so that nothing is claimed for it and a shutting-down server is not held up.
+    gone = asyncio.ensure_future(_client_gone(request))
+    try:
+        while True:
+            woken = signal.current()  # taken before looking, so no wake-up slips between
+            if gone.done():
+                return []
+            claimed = await run_in_threadpool(_try_claim, db, req.worker_id, settings, clock, limit)
+            if claimed and gone.done():
+                # The worker left while this claim waited for the database: nobody would
+                # read the answer, so the experiments go back unrun.
+                await run_in_threadpool(_give_back, db, claimed, clock)
+                return []
+            if claimed:
+                return claimed
+            # Nothing to take: expired leases may be waiting for the reaper, which puts
+            # them back and wakes this wait (a claim never settles them itself).
+            nudge()
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return []
+            await _first(gone, wait_for(woken, min(remaining, settings.claim_poll_seconds)))
+    finally:
+        gone.cancel()
 
 
 @router.post(
@@ -123,33 +178,31 @@ async def claim(
     settings: SettingsDep,
     signal: SignalDep,
     clock: ClockDep,
+    nudge: ReaperNudgeDep,
     who: Annotated[Principal, Depends(principal_apart)],  # holds no session while it waits
 ) -> ClaimedExperiment | Response:
-    await run_in_threadpool(_check_owner, db, req.worker_id, who)
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + min(req.wait_s, settings.claim_wait_seconds)
-    # A worker that stops cuts its poll short by closing the connection: notice it at
-    # once, so that nothing is claimed for it and a shutting-down server is not held up.
-    gone = asyncio.ensure_future(_client_gone(request))
-    try:
-        while True:
-            woken = signal.current()  # taken before looking, so no wake-up slips between
-            if gone.done():
-                return Response(status_code=204)
-            claimed = await run_in_threadpool(_try_claim, db, req.worker_id, settings, clock)
-            if claimed is not None and gone.done():
-                # The worker left while this claim waited for the database: nobody would
-                # read the answer, so the experiment goes back unrun.
-                await run_in_threadpool(_give_back, db, claimed, clock)
-                return Response(status_code=204)
-            if claimed is not None:
-                return claimed
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return Response(status_code=204)
-            await _first(gone, wait_for(woken, min(remaining, settings.claim_poll_seconds)))
-    finally:
-        gone.cancel()
+    claimed = await _long_poll(request, req, 1, db, settings, signal, clock, nudge, who)
+    return claimed[0] if claimed else Response(status_code=204)
+
+
+@router.post(
+    CLAIM_BATCH_PATH.removeprefix("/v1/worker"),
+    response_model=ClaimedBatch,
+    summary="Long-poll for up to `max` experiments this worker can run, each its own lease",
+    dependencies=WORKER_APART,
+)
+async def claim_batch(
+    req: ClaimsRequest,
+    request: Request,
+    db: DatabaseDep,
+    settings: SettingsDep,
+    signal: SignalDep,
+    clock: ClockDep,
+    nudge: ReaperNudgeDep,
+    who: Annotated[Principal, Depends(principal_apart)],  # holds no session while it waits
+) -> ClaimedBatch:
+    claimed = await _long_poll(request, req, req.max, db, settings, signal, clock, nudge, who)
+    return ClaimedBatch(experiments=claimed)
 
 
 async def _client_gone(request: Request) -> None:
@@ -243,6 +296,26 @@ def result(
 ) -> dict[str, str]:
     exp = queue.finish(s, experiment_id, req, now)
     return {"id": exp.id, "status": exp.status}
+
+
+@router.post(
+    REPORT_BATCH_PATH.removeprefix("/v1/worker"),
+    response_model=ReportBatchResponse,
+    summary="Report several outcomes at once; each is stored or refused on its own",
+    dependencies=WORKER,
+)
+def report_batch(
+    req: ReportBatchRequest, s: SessionDep, now: NowDep, who: PrincipalDep
+) -> ReportBatchResponse:
+    verdicts = queue.finish_many(s, req.results, who, now)
+    return ReportBatchResponse(
+        results=[
+            ReportItemVerdict(
+                experiment_id=v.experiment_id, verdict=v.verdict, status=v.status, error=v.error
+            )
+            for v in verdicts
+        ]
+    )
 
 
 @router.post(

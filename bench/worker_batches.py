@@ -1,0 +1,227 @@
+"""Tiny CPU experiments through the real API: single claims and reports against batches,
+side by side in one run, on SQLite and on PostgreSQL, with API time per experiment.
+
+    python bench/worker_batches.py [-n 400] [--concurrency 2] [--batch 16]
+                                   [--engines sqlite,postgres] [--no-profile]
+
+For each database (a temporary SQLite file; a temporary database on the PostgreSQL at
+VRAMLAB_BENCH_POSTGRES_URL, default postgresql://postgres@127.0.0.1:5432/postgres) and
+each worker setting (`--batch 1`: one claim and one report per experiment, as before;
+`--batch K`: claims and reports in batches) it starts `vramlab serve` and a CPU
+`vramlab worker --concurrency N` whose experiments run in shared processes, submits N
+tiny `add` experiments at once (one POST each, 4 client threads) and times them from the
+first submit to the last finished, by the API's own timestamps. It prints experiments a
+second, the API process's CPU time per experiment (submit, claim, report and the
+client's polling, all of it) and whether every result's allocator figures are equal to
+the single-claim run's. Then, unless --no-profile, it runs each engine's batch setting
+again with the API under cProfile (bench/profiled_serve.py: every thread, timed by its
+CPU time) and prints where the API's time went, per experiment, by layer and by function.
+"""
+
+import argparse
+import os
+import pstats
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+from service import ROOT, run_to_end, running_service
+from sqlalchemy import create_engine, text
+
+from app.contract import ALLOCATOR_KEYS
+from app.core.config import normalise_database_url
+
+SPEC: dict[str, Any] = {
+    "op": "add",
+    "shape": [64, 64],
+    "dtype": "float32",
+    "device": "cpu",
+    "isolation": "shared",
+    "warmup": 0,
+    "repeat": 1,
+    "trace": "none",
+}
+POSTGRES = os.environ.get(
+    "VRAMLAB_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+# Where the API's time goes: a function's own time, by the first of these its file holds.
+LAYERS = (
+    ("sqlalchemy", "SQLAlchemy (ORM, Core, pool)"),
+    ("psycopg", "psycopg (PostgreSQL driver)"),
+    ("sqlite3", "sqlite3"),
+    ("pydantic", "pydantic (validation, serialisation)"),
+    ("fastapi", "FastAPI (routing, dependencies)"),
+    ("starlette", "Starlette"),
+    ("anyio", "anyio (thread pool hops)"),
+    ("uvicorn", "uvicorn + h11/httptools"),
+    ("h11", "uvicorn + h11/httptools"),
+    ("httptools", "uvicorn + h11/httptools"),
+    ("asyncio", "asyncio event loop"),
+    ("json", "json"),
+    ("/app/", "vramlab (app/)"),
+)
+
+
+def _at(stamp: str) -> float:
+    moment = datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+    return (moment if moment.tzinfo else moment.replace(tzinfo=UTC)).timestamp()
+
+
+@contextmanager
+def database(engine: str) -> Iterator[str | None]:
+    """None: the service's own temporary SQLite file; else a PostgreSQL database of its own."""
+    if engine == "sqlite":
+        yield None
+        return
+    admin_url = normalise_database_url(POSTGRES)
+    name = f"vramlab_bench_{uuid.uuid4().hex[:8]}"
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        yield f"{admin_url.rsplit('/', 1)[0]}/{name}"
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def _api_cpu_seconds() -> float:
+    total = 0.0
+    for proc in psutil.Process().children():
+        try:
+            if "--port" in proc.cmdline() and "worker" not in proc.cmdline():
+                total += sum(proc.cpu_times()[:2])
+        except psutil.Error:
+            continue
+    return total
+
+
+def _listed(client: httpx.Client, tag: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"tag": tag, "limit": 200}
+        if cursor:
+            params["cursor"] = cursor
+        page = client.get("/v1/experiments", params=params).json()
+        items += page["items"]
+        cursor = page.get("next_cursor")
+        if not cursor:
+            return items
+
+
+def sweep(client: httpx.Client, n: int) -> tuple[float, float, set[tuple[int, ...]]]:
+    """Experiments a second, API CPU ms an experiment, and the allocator figures seen."""
+    run_to_end(client, SPEC)  # the shared processes start: not counted
+    tag = f"sweep-{uuid.uuid4().hex[:8]}"
+    body = {**SPEC, "tags": [tag]}
+    cpu_before = _api_cpu_seconds()
+    with ThreadPoolExecutor(4) as pool:
+        for response in pool.map(lambda _: client.post("/v1/experiments", json=body), range(n)):
+            response.raise_for_status()
+    while True:
+        time.sleep(0.2)  # cheap to answer: one unfinished row at most
+        waiting = client.get(
+            "/v1/experiments", params={"tag": tag, "status": ["queued", "running"], "limit": 1}
+        ).json()
+        if not waiting["items"]:
+            break
+    cpu_after = _api_cpu_seconds()
+    items = _listed(client, tag)
+    bad = [e["status"] for e in items if e["status"] != "succeeded"]
+    if len(items) != n or bad:
+        raise RuntimeError(f"{len(items)} of {n} listed; ended {bad[:5]}")
+    first = min(_at(e["created_at"]) for e in items)
+    last = max(_at(e["finished_at"]) for e in items)
+    figures = {tuple(e["result"]["memory"][k] for k in ALLOCATOR_KEYS) for e in items}
+    return n / (last - first), (cpu_after - cpu_before) * 1000 / n, figures
+
+
+def where_the_time_went(path: Path, n: int, top: int = 12) -> None:
+    stats = pstats.Stats(str(path))
+    raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
+    total = sum(v[2] for v in raw.values())
+    layers: dict[str, float] = {}
+    for (filename, _line, _name), (_cc, _nc, tottime, _ct, _callers) in raw.items():
+        layer = next((label for key, label in LAYERS if key in filename), "other (C, stdlib)")
+        layers[layer] = layers.get(layer, 0.0) + tottime
+    print(f"  API CPU under the profiler: {total * 1000 / n:.2f} ms an experiment, by layer:")
+    for layer, seconds in sorted(layers.items(), key=lambda kv: -kv[1]):
+        print(f"    {layer:<40} {seconds * 1000 / n:6.2f} ms  {seconds / total:5.1%}")
+    print(f"  the {top} functions with the most own time (ms an experiment):")
+    rows = sorted(raw.items(), key=lambda kv: -kv[1][2])[:top]
+    for (filename, line, name), (_cc, calls, tottime, _cumtime, _callers) in rows:
+        where = filename.replace(str(ROOT) + "/", "").split("site-packages/")[-1]
+        print(f"    {tottime * 1000 / n:6.3f}  {calls / n:6.1f} calls  {name}  ({where}:{line})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("-n", type=int, default=400, help="experiments a sweep (default 400)")
+    parser.add_argument("--concurrency", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--engines", default="sqlite,postgres")
+    parser.add_argument("--no-profile", action="store_true")
+    args = parser.parse_args()
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    modes = [
+        ("single claims (--batch 1)", "1"),
+        (f"batches (--batch {args.batch})", str(args.batch)),
+    ]
+    rows: list[tuple[str, str, float, float, bool]] = []
+    for engine in engines:
+        reference: set[tuple[int, ...]] | None = None
+        for label, batch in modes:
+            worker_args = ["--concurrency", str(args.concurrency), "--batch", batch]
+            with (
+                database(engine) as url,
+                running_service("cpu", worker_args=worker_args, database_url=url) as client,
+            ):
+                rate, api_ms, figures = sweep(client, args.n)
+            reference = figures if reference is None else reference
+            same = figures == reference and len(figures) == 1
+            rows.append((engine, label, rate, api_ms, same))
+            print(f"{engine}, {label}: {rate:.1f}/s, API {api_ms:.2f} ms an experiment", flush=True)
+    print(
+        f"\n{args.n} tiny shared-process CPU experiments (add 64x64 float32), worker "
+        f"--concurrency {args.concurrency}, submit to stored result through the real API"
+    )
+    print(f"{'database':<9} {'worker':<26} {'exp/s':>7} {'x':>6} {'API ms/exp':>11}  figures")
+    for engine in engines:
+        mine = [r for r in rows if r[0] == engine]
+        base = mine[0][2]
+        for _, label, rate, api_ms, same in mine:
+            print(
+                f"{engine:<9} {label:<26} {rate:7.1f} {rate / base:6.2f} {api_ms:11.2f}  "
+                f"{'equal to single claims' if same else 'DIFFER'}"
+            )
+    if args.no_profile:
+        return
+    for engine in engines:
+        for label, batch in modes:
+            out = Path(tempfile.mkdtemp(prefix="vramlab-prof-")) / "api.prof"
+            serve = [sys.executable, str(ROOT / "bench" / "profiled_serve.py"), str(out)]
+            worker_args = ["--concurrency", str(args.concurrency), "--batch", batch]
+            with database(engine) as url:
+                with running_service(
+                    "cpu", worker_args=worker_args, database_url=url, serve=serve
+                ) as client:
+                    rate, _, _ = sweep(client, args.n)
+                print(f"\n{engine}, {label}, API under cProfile ({rate:.1f}/s):")
+                where_the_time_went(out, args.n)
+
+
+if __name__ == "__main__":
+    main()
