@@ -147,6 +147,8 @@ def _spec(args: argparse.Namespace) -> dict[str, Any]:
         spec.setdefault("params", {})[key] = _value(value)
     if args.tag:
         spec["tags"] = [*spec.get("tags", []), *args.tag]
+    if spec.get("op") == "model":
+        spec.setdefault("shape", [])  # a model's sizes are its params (batch_size, seq_len)
     if "op" not in spec or "shape" not in spec:
         raise ClientError("a spec needs --op and --shape (or --file spec.json)")
     return spec
