@@ -80,6 +80,13 @@ def run(args: argparse.Namespace) -> int:
         if found is None:
             print("vramlab record: the program left no snapshot (no CUDA?)", file=sys.stderr)
             return code or 1
+        if code != 0:
+            said = f"was stopped by signal {-code}" if code < 0 else f"exited with code {code}"
+            print(
+                f"vramlab record: the program {said}: the snapshot holds what it recorded "
+                f"until then (tagged failed)",
+                file=sys.stderr,
+            )
         name = args.name or " ".join(Path(c).name for c in command[:3])[:200]
         tags = list(args.tag or [])
         if code != 0:

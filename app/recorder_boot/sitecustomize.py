@@ -32,6 +32,36 @@ def plain(value: Any) -> Any:
     return str(value)
 
 
+CHECKPOINTING_NOTE = (
+    "vramlab record: this program uses non-reentrant activation checkpointing, whose "
+    "backward breaks while PyTorch records stacks where blocks are freed; recording stacks "
+    "where blocks are made only, from here on (free sites are not recorded)\n"
+)
+
+
+def _guard_checkpointing(torch: Any, stacks: str, max_entries: int) -> None:
+    """Never break the program: PyTorch's allocation history with stacks at frees
+    (``context="all"``) makes the backward of non-reentrant checkpointing fail (torch 2.11:
+    SystemError in run_backward). The first such checkpoint switches the recording to
+    stacks at allocations only, keeping what was recorded, and says so."""
+    import torch.utils.checkpoint as checkpointing
+
+    original = checkpointing.checkpoint
+    switched: list[bool] = []
+
+    def checkpoint(function: Any, *args: Any, use_reentrant: Any = None, **kwargs: Any) -> Any:
+        if use_reentrant is False and not switched:
+            switched.append(True)
+            torch.cuda.memory._record_memory_history(
+                enabled="all", context="alloc", stacks=stacks, max_entries=max_entries
+            )
+            os.environ["VRAMLAB_RECORD_CONTEXT"] = "alloc"
+            sys.stderr.write(CHECKPOINTING_NOTE)
+        return original(function, *args, use_reentrant=use_reentrant, **kwargs)
+
+    checkpointing.checkpoint = checkpoint
+
+
 def _start(out: str) -> None:
     try:
         import torch
@@ -50,6 +80,7 @@ def _start(out: str) -> None:
     torch.cuda.memory._record_memory_history(
         enabled="all", context="all", stacks=stacks, max_entries=max_entries
     )
+    _guard_checkpointing(torch, stacks, max_entries)
 
     def dump(path: str) -> None:
         snapshot = torch.cuda.memory._snapshot()
@@ -66,6 +97,7 @@ def _start(out: str) -> None:
                 "python": platform.python_version(),
                 "argv": [str(a)[:200] for a in sys.argv[:20]],
                 "stacks": stacks,
+                "free_stacks": os.environ.get("VRAMLAB_RECORD_CONTEXT") != "alloc",
                 "max_entries": max_entries if max_entries < sys.maxsize else None,
             }
         )

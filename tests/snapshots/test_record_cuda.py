@@ -49,3 +49,37 @@ def test_record_a_training_loop(server: LiveServer, client: httpx.Client) -> Non
     cats = {c["category"]: c["bytes"] for c in snap["categories"]}
     assert cats["parameters"] > 0 and cats["optimizer_state"] > 0
     assert snap["environment"]["gpu_name"]
+
+
+@pytest.mark.cuda
+def test_record_never_breaks_non_reentrant_checkpointing(
+    server: LiveServer, client: httpx.Client
+) -> None:
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    program = ROOT / "tests" / "snapshots" / "programs" / "checkpointed_train.py"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "record",
+            "--api",
+            server.url,
+            "--",
+            sys.executable,
+            str(program),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "trained" in done.stdout
+    assert "non-reentrant activation checkpointing" in done.stderr
+    snap_id = done.stdout.strip().splitlines()[-1].rsplit("/", 1)[1]
+    snap = client.get(f"/v1/snapshots/{snap_id}").json()
+    assert snap["environment"]["free_stacks"] is False
+    assert "failed" not in snap["tags"]
