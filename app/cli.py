@@ -33,9 +33,9 @@ CLAIM_PATH = "/v1/worker/claim"
 
 
 class IdleClaims(logging.Filter):
-    """Drops the access line of a claim that found no work (204): an idle worker asks
-    again at once, so each would log a line per long poll (``VRAMLAB_CLAIM_WAIT_SECONDS``)
-    for as long as nothing is queued."""
+    """Drops the access line of a claim (single or batch) that found no work (204): an
+    idle worker asks again at once, so each would log a line per long poll
+    (``VRAMLAB_CLAIM_WAIT_SECONDS``) for as long as nothing is queued."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args

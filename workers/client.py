@@ -87,6 +87,8 @@ class ApiClient:
             json={"worker_id": worker_id, "wait_s": wait_s, "max": most},
             timeout=wait_s + 30,
         )
+        if response.status_code == 204:
+            return []
         claimed: list[dict[str, Any]] = self._check(response).json()["experiments"]
         return claimed
 

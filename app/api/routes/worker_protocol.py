@@ -190,6 +190,7 @@ async def claim(
     response_model=ClaimedBatch,
     summary="Long-poll for up to `max` experiments this worker can run, each its own lease",
     dependencies=WORKER_APART,
+    responses={204: {"description": "no experiment came within wait_s"}},
 )
 async def claim_batch(
     req: ClaimsRequest,
@@ -200,9 +201,10 @@ async def claim_batch(
     clock: ClockDep,
     nudge: ReaperNudgeDep,
     who: Annotated[Principal, Depends(principal_apart)],  # holds no session while it waits
-) -> ClaimedBatch:
+) -> ClaimedBatch | Response:
     claimed = await _long_poll(request, req, req.max, db, settings, signal, clock, nudge, who)
-    return ClaimedBatch(experiments=claimed)
+    # Nothing came: 204, as the single claim answers (an idle worker's polls stay quiet).
+    return ClaimedBatch(experiments=claimed) if claimed else Response(status_code=204)
 
 
 async def _client_gone(request: Request) -> None:
