@@ -11,6 +11,10 @@ from app.schemas.data import AS_DATA, DataDict
 MAX_VARIANTS = 8
 
 
+def _one_variant() -> list[dict[str, Any]]:
+    return [{}]
+
+
 class FitRequirements(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -43,7 +47,7 @@ class FitIn(BaseModel):
         description="the memory to fit in; else the named GPU's (requirements.gpu_name)",
     )
     variants: list[Annotated[dict[str, Any], AS_DATA]] = Field(
-        default_factory=lambda: [{}],
+        default_factory=_one_variant,
         min_length=1,
         max_length=MAX_VARIANTS,
         description='param overrides, one search each (e.g. {"checkpointing": true})',
