@@ -147,7 +147,8 @@ def advance(
     planned = [step_variant(fit, v, found, settings) for v in before]
     variants = [v for v, _ in planned]
     status, error = fit_status(variants)
-    if variants == before and status == fit.status:
+    queued = any(points for _, points in planned)
+    if variants == before and status == fit.status and not queued:
         return False
     with db.session() as s:
         at = now()
