@@ -309,22 +309,22 @@ def chart(out: FitOut) -> Chart:
         name = label(v.overrides)
         ok = [t for t in v.trials if t.status == Status.SUCCEEDED]
         oom = [t for t in v.trials if t.status == Status.FAILED and t.error_type == "oom"]
-        for figure, suffix in (
-            ("peak_allocated", "peak allocated"),
-            ("peak_reserved", "peak reserved"),
-        ):
-            pts = [(float(t.value), float(y)) for t in ok if (y := getattr(t, figure)) is not None]
-            if pts:
-                result.lines.append(
-                    Line(
-                        f"{name}: {suffix}",
-                        [p[0] for p in pts],
-                        [p[1] for p in pts],
-                        step=False,
-                        markers=True,
-                        dashed=suffix == "peak reserved",
-                    )
+        allocated = [(float(t.value), float(t.peak_allocated)) for t in ok if t.peak_allocated]
+        reserved = [(float(t.value), float(t.peak_reserved)) for t in ok if t.peak_reserved]
+        same = reserved == allocated  # the CPU reserves what it allocates: one line
+        for pts, suffix in ((allocated, "peak allocated"), (reserved, "peak reserved")):
+            if not pts or (same and suffix == "peak reserved"):
+                continue
+            result.lines.append(
+                Line(
+                    f"{name}: {suffix}" + (" (= reserved)" if same else ""),
+                    [p[0] for p in pts],
+                    [p[1] for p in pts],
+                    step=False,
+                    markers=True,
+                    dashed=suffix == "peak reserved",
                 )
+            )
         pts = [(float(t.value), float(t.peak_allocated or out.capacity_bytes)) for t in oom]
         if pts:
             result.lines.append(
@@ -340,8 +340,9 @@ def chart(out: FitOut) -> Chart:
         xs_all += [float(t.value) for t in v.trials]
     if xs_all:
         lo, hi = min(xs_all), max(xs_all)
-        if lo == hi:
-            lo, hi = lo - 1, hi + 1
+        pad = max(1.0, (hi - lo) / 20)
+        lo, hi = lo - pad, hi + pad
+        result.x_range = (lo, hi)
         result.lines.append(
             Line("capacity", [lo, hi], [float(out.capacity_bytes)] * 2, dashed=True, step=False)
         )
