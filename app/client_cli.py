@@ -614,6 +614,8 @@ def register(sub: Any) -> None:
     p.add_argument("ids", nargs="+")
     p.set_defaults(func=_run(cmd_compare))
 
-    from app import recorder  # vramlab record -- python train.py: its own module
+    from app import client_fits, recorder  # fit, fits, fit-show; record: modules of their own
+
+    client_fits.register(sub, common)
 
     recorder.register(sub, common)

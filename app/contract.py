@@ -50,6 +50,25 @@ class Isolation(StrEnum):
     SHARED = "shared"
 
 
+class FitStatus(StrEnum):
+    """Where a fit search is (``GET /v1/fits/{id}``): ``queued`` until its first step,
+    ``running`` while predicting or measuring, then one of the three ends."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        return self in (FitStatus.SUCCEEDED, FitStatus.FAILED, FitStatus.CANCELLED)
+
+
+# The params a fit search may vary (``POST /v1/fits``'s ``vary``).
+FIT_VARIES = ("batch_size", "seq_len")
+
+
 # How the process that ran an experiment started: a warm spare (CUDA started before the
 # spec came), forked for the spec, a fresh interpreter (to change the allocator backend),
 # or ``shared``: a shared process that had already run other experiments.

@@ -23,6 +23,7 @@ from app.api.routes import (
     compare,
     docs,
     experiments,
+    fits,
     health,
     presets,
     results,
@@ -37,7 +38,8 @@ from app.api.routes import (
 from app.core.config import Settings, get_settings
 from app.core.db import Database
 from app.models.base import utcnow
-from app.services import auth, reaper
+from app.services import auth, fit_engine, reaper
+from app.services import predictor as predictor_service
 from app.services.metrics import QueueCollector
 from app.services.signals import Replicas, WorkSignal
 
@@ -77,6 +79,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 app.state.reaper_nudge,
             )
         )
+        # Fit searches go on from where the database says they are.
+        app.state.fit_wake.bind(asyncio.get_running_loop())
+        app.state.fit_wake.notify()
+        searches = asyncio.create_task(
+            fit_engine.run(
+                app.state.db,
+                settings,
+                lambda: app.state.clock(),
+                app.state.signal,
+                app.state.fit_wake,
+            )
+        )
         # Replicas on one PostgreSQL database wake each other's waiting claims.
         listener = None
         if not app.state.db.is_sqlite:
@@ -89,11 +103,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
-            for task in (housekeeping, listener):
+            for task in (housekeeping, searches, listener):
                 if task is not None:
                     task.cancel()
                     with contextlib.suppress(asyncio.CancelledError):
                         await task
+            predictor_service.close_shared()  # the model predictor's child goes with us
             app.state.db.dispose()
 
     app = FastAPI(
@@ -122,6 +137,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.signal = WorkSignal()
     # A claim that finds nothing asks the reaper to settle expired leases now.
     app.state.reaper_nudge = reaper.Nudge()
+    app.state.fit_wake = fit_engine.FitWake()
     # Signs the web pages' sessions; a random key ends every session when the API restarts.
     app.state.session_key = (
         settings.session_secret.encode() if settings.session_secret else secrets.token_bytes(32)
@@ -147,7 +163,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
     for module in (experiments, traces, catalog, workers, worker_protocol, health):
         app.include_router(module.router)
-    for module in (results, sweeps, compare, snapshots, ui):
+    for module in (results, sweeps, fits, compare, snapshots, ui):
         app.include_router(module.router)
     app.include_router(presets.router)
     app.include_router(signin.router)

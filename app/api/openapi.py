@@ -11,6 +11,11 @@ TAGS: list[dict[str, Any]] = [
     {"name": "traces", "description": "An experiment's allocator trace, in several formats."},
     {"name": "results", "description": "Views of results: the peak, timelines."},
     {"name": "sweeps", "description": "A grid of specs queued at once, and its table."},
+    {
+        "name": "fits",
+        "description": "The largest batch size or sequence length that fits a capacity: "
+        "predicted, then measured by trials.",
+    },
     {"name": "compare", "description": "Experiments side by side."},
     {"name": "presets", "description": "Ready-made experiments from the articles."},
     {"name": "catalog", "description": "Ops, their parameters, dtypes and devices."},

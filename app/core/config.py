@@ -36,6 +36,8 @@ class Settings(BaseSettings):
     claim_poll_seconds: float = 2.0
     # How often the API itself settles expired leases (a background task).
     lease_check_seconds: float = Field(default=5.0, gt=0)
+    # Fit searches step when a trial's outcome is stored, and this often as a catch-up.
+    fit_check_seconds: float = Field(default=5.0, gt=0)
     # A worker counts as live while its last heartbeat is younger than this.
     worker_live_seconds: float = 60.0
     # The tensors a spec predicts (inputs and outputs) may not pass this many bytes.

@@ -3,6 +3,7 @@
 from app.models.api_token import ApiToken
 from app.models.base import Base
 from app.models.experiment import Experiment
+from app.models.fit import Fit
 from app.models.result import Result
 from app.models.snapshot import Snapshot
 from app.models.sweep import Sweep
@@ -15,6 +16,7 @@ __all__ = [
     "Base",
     "Experiment",
     "ExperimentTag",
+    "Fit",
     "Result",
     "Snapshot",
     "Sweep",

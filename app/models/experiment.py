@@ -58,6 +58,10 @@ class Experiment(Base):
     sweep_id: Mapped[str | None] = mapped_column(
         ForeignKey("sweeps.id", ondelete="SET NULL"), default=None, index=True
     )
+    # The fit search this experiment is a measured trial of, if any. No foreign key: adding
+    # one to this table on SQLite rebuilds it (and its drop cascades into every result);
+    # fits are never deleted, so the id always names one.
+    fit_id: Mapped[str | None] = mapped_column(String(36), default=None, index=True)
     # Who submitted it (an API token's id; None while the API runs open) and the
     # client's Idempotency-Key, namespaced by that token, unique.
     submitted_by: Mapped[str | None] = mapped_column(String(36), default=None)

@@ -108,6 +108,7 @@ def columns(
     submitted_by: str | None = None,
     preset: str | None = None,
     sweep_id: str | None = None,
+    fit_id: str | None = None,
 ) -> dict[str, Any]:
     """A queued experiment's columns, for an ORM object or a bulk insert."""
     s = accepted.spec
@@ -136,6 +137,7 @@ def columns(
         "steps": s.steps,
         "preset": preset,
         "sweep_id": sweep_id,
+        "fit_id": fit_id,
         "submitted_by": submitted_by,
     }
 

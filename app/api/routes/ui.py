@@ -22,7 +22,16 @@ from app.errors import ApiError, Conflict, NotFound
 from app.plots import html
 from app.plots.chart import busy_range
 from app.schemas.preset import PresetRun
-from app.services import compare, experiments, figures, presets, snapshots, sweeps, workers
+from app.services import (
+    compare,
+    experiments,
+    figures,
+    fits,
+    presets,
+    snapshots,
+    sweeps,
+    workers,
+)
 from app.services.auth import Principal
 from app.snapshots.categories import telling_frames
 
@@ -72,6 +81,7 @@ def index(
         filters={"status": status or "", "op": op or "", "device": device or "", "tag": tag or ""},
         statuses=list(Status),
         sweeps=sweeps.recent(s, 10),
+        fits=fits.page(s, 10, None)[0],
     )
 
 
@@ -189,6 +199,16 @@ def sweep(
 ) -> HTMLResponse:
     out = sweeps.read(s, sweeps.get(s, sweep_id))
     return _page(request, "sweep.html", sweep=out, chart=html.fragment(sweeps.chart(out)))
+
+
+@router.get("/fits/{fit_id}", response_class=HTMLResponse)
+def fit(
+    request: Request, fit_id: Annotated[str, PathParam(max_length=64)], s: SessionDep
+) -> HTMLResponse:
+    out = fits.read(s, fits.get(s, fit_id))
+    return _page(
+        request, "fit.html", fit=out, chart=html.fragment(fits.chart(out)), label=fits.label
+    )
 
 
 @router.get("/compare", response_class=HTMLResponse)

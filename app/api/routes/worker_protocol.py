@@ -294,9 +294,15 @@ async def upload_trace(
     dependencies=[WorkerOwnsExperiment],
 )
 def result(
-    experiment_id: ExperimentId, req: OutcomeRequest, s: SessionDep, now: NowDep
+    experiment_id: ExperimentId,
+    req: OutcomeRequest,
+    s: SessionDep,
+    now: NowDep,
+    request: Request,
 ) -> dict[str, str]:
     exp = queue.finish(s, experiment_id, req, now)
+    if exp.fit_id is not None:  # a fit's trial: its search takes its next step
+        request.app.state.fit_wake.after_commit(s)
     return {"id": exp.id, "status": exp.status}
 
 
