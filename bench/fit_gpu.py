@@ -63,9 +63,14 @@ def main() -> None:
             stderr=subprocess.STDOUT,
         )
         with httpx.Client(base_url=url, timeout=120) as client:
+            for _ in range(600):  # the worker is live once it has registered
+                if client.get("/v1/workers").json():
+                    break
+                time.sleep(0.2)
             started = time.perf_counter()
             accepted = client.post("/v1/fits", json=FIT)
-            accepted.raise_for_status()
+            if accepted.status_code != 202:
+                raise SystemExit(f"{accepted.status_code}: {accepted.text[:2000]}")
             fit_id = accepted.json()["id"]
             fit = accepted.json()
             while fit["status"] not in ("succeeded", "failed", "cancelled"):

@@ -174,14 +174,13 @@ def accept(
         )
     prediction = plan.prediction
     if spec.op == MODEL_OP:
-        if (plan.params.get("capacity_bytes") or 0) > settings.max_experiment_bytes and (
-            device == "cpu"
-        ):
+        if (plan.params.get("capacity_bytes") or 0) > settings.max_experiment_bytes:
             raise InvalidSpec(
                 "params.capacity_bytes",
-                f"on the CPU the emulated card is the run's byte cap, and this service allows "
-                f"at most {human_bytes(settings.max_experiment_bytes)} "
-                f"(VRAMLAB_MAX_EXPERIMENT_BYTES)",
+                f"the emulated card ({human_bytes(plan.params['capacity_bytes'])}) is larger "
+                f"than this service's cap on an experiment, "
+                f"{human_bytes(settings.max_experiment_bytes)} (VRAMLAB_MAX_EXPERIMENT_BYTES), "
+                f"which would stop the run first; raise the cap or use a smaller capacity",
             )
         extra = (
             _predict_model(spec, plan.params, device, settings)
