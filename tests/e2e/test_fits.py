@@ -208,6 +208,14 @@ def test_fits_are_listed_newest_first_in_pages(database_url: str) -> None:
             "spec.params.capacity_bytes",
         ),
         ({"spec": SPEC, "capacity_bytes": CAPACITY, "surprise": 1}, "surprise"),
+        (
+            {
+                "spec": {**SPEC, "device": "cuda", "requirements": "H100"},
+                "requirements": {"gpu_name": "H100"},
+                "capacity_bytes": CAPACITY,
+            },
+            "spec.requirements",
+        ),
     ],
 )
 def test_a_fit_that_cannot_be_searched_is_refused_saying_where(
