@@ -22,9 +22,15 @@ SPEC = {
 }
 
 
-def run_by_rule(client: httpx.Client, fit_id: str, edge: dict[str, int]) -> dict[str, Any]:
-    """Play the worker until the fit ends: a trial succeeds while batch_size is at most
-    the edge of its precision; bf16 trials time out."""
+def run_by_rule(
+    client: httpx.Client,
+    fit_id: str,
+    edge: dict[str, int],
+    vary: str = "batch_size",
+    capacity: int = CAPACITY,
+) -> dict[str, Any]:
+    """Play the worker until the fit ends: a trial succeeds while the varied value is at
+    most the edge for its micro_batches; bf16 trials time out."""
     worker = register(client)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -35,10 +41,10 @@ def run_by_rule(client: httpx.Client, fit_id: str, edge: dict[str, int]) -> dict
         if claimed is None:
             continue
         params = claimed["spec"]["params"]
-        assert params["capacity_bytes"] == CAPACITY
+        assert params["capacity_bytes"] == capacity
         if params["precision"] == "bf16":
             error = {"type": "timeout", "message": "ran past its timeout_s"}
-        elif params["batch_size"] <= edge[str(params["micro_batches"])]:
+        elif params[vary] <= edge[str(params["micro_batches"])]:
             assert succeed(client, claimed, model=None).status_code == 200
             continue
         else:
@@ -101,3 +107,22 @@ def test_the_search_stops_at_max_value(database_url: str) -> None:
     assert variant["predicted_max_fitting"] == 3
     assert variant["max_fitting"] == 3 and variant["first_failing"] is None
     assert variant["upper_bound"] == 3 and "upper bound" in variant["note"]
+
+
+def test_a_sequence_length_stops_at_the_models_positions(database_url: str) -> None:
+    """tiny-gpt2 has 256 positions: a capacity it never fills ends the search there,
+    with no first failing value and a note saying why."""
+    settings = make_settings(database_url, fit_check_seconds=0.5)
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=60) as client:
+        spec = {**SPEC, "params": {"model": "tiny-gpt2", "batch_size": 1}}
+        made = client.post(
+            "/v1/fits", json={"spec": spec, "capacity_bytes": 64 * 2**20, "vary": "seq_len"}
+        )
+        assert made.status_code == 202, made.text
+        fit = run_by_rule(client, made.json()["id"], {"1": 10**6}, "seq_len", 64 * 2**20)
+    (variant,) = fit["variants"]
+    assert fit["status"] == "succeeded"
+    assert variant["predicted_max_fitting"] == 256
+    assert variant["max_fitting"] == 256 and variant["first_failing"] is None
+    assert variant["upper_bound"] == 256 and "256 positions" in variant["note"]
+    assert [t["value"] for t in variant["trials"]] == [256]
