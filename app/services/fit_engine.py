@@ -17,12 +17,13 @@ from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import CursorResult, event, insert, select, update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
 from app.contract import FitStatus, Status
 from app.core.config import Settings
-from app.core.db import Database
+from app.core.db import Busy, Database
 from app.errors import ApiError, InvalidSpec
 from app.models import Experiment, ExperimentTag, Fit
 from app.services import experiments, fit_search
@@ -203,8 +204,12 @@ def advance_all(
                 if not advance(db, settings, now, signal, fit_id):
                     break
                 taken += 1
-        except ApiError as exc:  # a full queue (429): this fit waits for the next round
-            log.info("fit %s waits: %s", fit_id, exc.message)
+        except (ApiError, Busy) as exc:  # a full queue (429), a busy predictor: next round
+            log.info("fit %s waits: %s", fit_id, exc)
+        except SQLAlchemyError:
+            raise  # the database is away: the round ends, the next one tries again
+        except Exception:  # a bug in one fit's step must not stop every other fit
+            log.exception("fit %s: its step failed", fit_id)
     return taken
 
 

@@ -68,7 +68,10 @@ def plan(body: FitIn, session: Session, settings: Settings, default_device: str)
     if gpu is not None:
         if on_cpu:
             raise InvalidSpec("requirements.gpu_name", "a fit on the CPU runs on no GPU")
-        raw["requirements"] = {**(raw.get("requirements") or {}), "gpu_name": gpu}
+        given = raw.get("requirements") or {}
+        if not isinstance(given, dict):
+            raise InvalidSpec("spec.requirements", 'an object, such as {"gpu_name": "H100"}')
+        raw["requirements"] = {**given, "gpu_name": gpu}
     try:
         base = fit_search.check(raw, settings, predict=False)
     except InvalidSpec as exc:

@@ -6,9 +6,9 @@ largest value that ran, with the next one out of memory. Tiny models, few trials
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ import pytest
 
 from tests.conftest import LiveServer, make_settings
 from tests.e2e.procs import VRAMLAB, kill_group, start
+from tests.helpers import CUDA_CAPS, register
 
 pytestmark = [pytest.mark.slow]
 pytest.importorskip("transformers")
@@ -52,11 +53,6 @@ def wait_for(what: Any, seconds: float = 120) -> Any:
     raise AssertionError("never happened")
 
 
-@pytest.fixture
-def worker_log(tmp_path: Path) -> Path:
-    return tmp_path / "worker.log"
-
-
 def test_a_fit_finds_the_exact_edge_per_variant_and_survives_a_restart(
     database_url: str, tmp_path: Path
 ) -> None:
@@ -89,7 +85,7 @@ def test_a_fit_finds_the_exact_edge_per_variant_and_survives_a_restart(
     with LiveServer(settings(database_url)) as second:
         worker = start(
             ["worker", "--api", second.url, "--device", "cpu", "--name", "fits"],
-            {**__import__("os").environ, "PYTHONUNBUFFERED": "1"},
+            {**os.environ, "PYTHONUNBUFFERED": "1"},
             tmp_path / "worker.log",
         )
         try:
@@ -212,6 +208,14 @@ def test_fits_are_listed_newest_first_in_pages(database_url: str) -> None:
             "spec.params.capacity_bytes",
         ),
         ({"spec": SPEC, "capacity_bytes": CAPACITY, "surprise": 1}, "surprise"),
+        (
+            {
+                "spec": {**SPEC, "device": "cuda", "requirements": "H100"},
+                "requirements": {"gpu_name": "H100"},
+                "capacity_bytes": CAPACITY,
+            },
+            "spec.requirements",
+        ),
     ],
 )
 def test_a_fit_that_cannot_be_searched_is_refused_saying_where(
@@ -228,3 +232,29 @@ def test_unknown_fits_and_cursors_are_refused(client: httpx.Client) -> None:
     assert client.get("/v1/fits/0123abcd").status_code == 404
     assert client.post("/v1/fits/0123abcd/cancel").status_code == 404
     assert client.get("/v1/fits", params={"cursor": "nonsense"}).status_code == 400
+
+
+def test_without_capacity_bytes_the_named_gpus_memory_is_the_capacity(
+    client: httpx.Client,
+) -> None:
+    register(
+        client,
+        {**CUDA_CAPS, "gpus": [{"index": 0, "name": "NVIDIA A10G", "total_memory": 23 * 2**30}]},
+        "small",
+    )
+    register(client, CUDA_CAPS, "big")
+    spec = {**SPEC, "device": "cuda"}
+    for name, memory in (("H100", 80 * 2**30), ("a10g", 23 * 2**30)):
+        r = client.post("/v1/fits", json={"spec": spec, "requirements": {"gpu_name": name}})
+        assert r.status_code == 202, r.text
+        fit = r.json()
+        assert fit["capacity_bytes"] == memory and fit["capacity_source"] == f"gpu {name}"
+        assert fit["spec"]["requirements"]["gpu_name"] == name
+        client.post(f"/v1/fits/{fit['id']}/cancel")
+    # capacity_bytes wins over the GPU's memory; the trials still need that GPU.
+    r = client.post(
+        "/v1/fits",
+        json={"spec": spec, "requirements": {"gpu_name": "H100"}, "capacity_bytes": 2**30},
+    )
+    assert r.status_code == 202 and r.json()["capacity_source"] == "capacity_bytes"
+    client.post(f"/v1/fits/{r.json()['id']}/cancel")
