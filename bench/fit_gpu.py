@@ -39,6 +39,8 @@ def main() -> None:
         **os.environ,
         "VRAMLAB_DATABASE_URL": f"sqlite:///{tmp / 'fit.db'}",
         "VRAMLAB_CLAIM_WAIT_SECONDS": "2",
+        # The service's cap must leave room for the emulated card.
+        "VRAMLAB_MAX_EXPERIMENT_BYTES": str(80 * GiB),
     }
     cli = [sys.executable, "-m", "app.cli"]
     api = subprocess.Popen(
