@@ -235,8 +235,20 @@ def test_unknown_fits_and_cursors_are_refused(client: httpx.Client) -> None:
 
 
 def test_without_capacity_bytes_the_named_gpus_memory_is_the_capacity(
-    client: httpx.Client,
+    database_url: str,
 ) -> None:
+    # The service's cap must leave room for the GPUs' memory (else a 422 says so).
+    big = make_settings(database_url, max_experiment_bytes=128 * 2**30)
+    with LiveServer(big) as live, httpx.Client(base_url=live.url) as client:
+        _named_gpus(client)
+    with LiveServer(settings(database_url)) as live, httpx.Client(base_url=live.url) as client:
+        spec = {**SPEC, "device": "cuda"}
+        r = client.post("/v1/fits", json={"spec": spec, "requirements": {"gpu_name": "H100"}})
+        assert r.status_code == 422, r.text
+        assert "VRAMLAB_MAX_EXPERIMENT_BYTES" in r.json()["error"]["message"]
+
+
+def _named_gpus(client: httpx.Client) -> None:
     register(
         client,
         {**CUDA_CAPS, "gpus": [{"index": 0, "name": "NVIDIA A10G", "total_memory": 23 * 2**30}]},
