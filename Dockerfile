@@ -59,7 +59,7 @@ CMD ["vramlab", "serve", "--host", "0.0.0.0", "--port", "8000", "--no-migrate"]
 # Workers: torch first, then the rest. worker-cpu takes PyTorch's CPU build from PyTorch's
 # CPU index (TORCH_CPU_PIP_ARGS); worker takes PyPI's CUDA build (TORCH_CUDA_PIP_ARGS). A
 # machine with no route to an index puts the wheel in deploy/wheels/ and passes
-# `--build-arg TORCH_CPU_PIP_ARGS="--no-index --find-links /wheels"` (the deployment test).
+# `--build-arg TORCH_CPU_PIP_ARGS="--find-links /wheels"` (the deployment test).
 FROM base AS build-worker-cpu
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_CPU_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
