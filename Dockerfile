@@ -72,7 +72,7 @@ RUN pip install ".[worker,models]" && pip uninstall -y -q vramlab
 COPY app ./app
 COPY workers ./workers
 COPY migrations ./migrations
-RUN pip install --no-deps . && pip uninstall -y -q pip setuptools
+RUN pip install --no-deps . && pip uninstall -y -q pip
 
 FROM base AS worker-cpu
 COPY --from=build-worker-cpu /opt/vramlab /opt/vramlab
@@ -93,7 +93,7 @@ RUN pip install ".[worker,models]" && pip uninstall -y -q vramlab
 COPY app ./app
 COPY workers ./workers
 COPY migrations ./migrations
-RUN pip install --no-deps . && pip uninstall -y -q pip setuptools
+RUN pip install --no-deps . && pip uninstall -y -q pip
 
 FROM base AS worker
 COPY --from=build-worker /opt/vramlab /opt/vramlab

@@ -42,7 +42,7 @@ if ! have postgres:16 && ! pulled postgres:16; then
   tar -C "$CACHE/postgres" -c . | docker import \
     --change 'ENV LANG=C.UTF-8 PGDATA=/var/lib/postgresql/data PATH=/usr/lib/postgresql/15/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'ENTRYPOINT ["docker-entrypoint.sh"]' --change 'CMD ["postgres"]' \
-    --change 'EXPOSE 5432' --change 'STOPSIGNAL SIGINT' - postgres:16 >/dev/null
+    --change 'EXPOSE 5432' - postgres:16 >/dev/null
   rm -rf "$CACHE/postgres"
 fi
-docker images --format '{{.Repository}}:{{.Tag}} {{.Size}}' python:3.12-slim postgres:16 2>/dev/null || true
+for i in python:3.12-slim postgres:16; do docker image inspect -f "$i {{.Size}}" "$i"; done

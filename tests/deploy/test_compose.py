@@ -121,10 +121,12 @@ def _engine() -> list[str]:
 @pytest.fixture(scope="module")
 def stack(pytestconfig: pytest.Config) -> Iterator[Stack]:
     reporter = pytestconfig.pluginmanager.getplugin("terminalreporter")
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
 
-    def say(line: str) -> None:
-        if reporter is not None:
-            reporter.write_line(line)
+    def say(line: str) -> None:  # to the terminal as it happens, past pytest's capture
+        if reporter is not None and capture is not None:
+            with capture.global_and_fixture_disabled():
+                reporter.write_line(line)
 
     t0 = time.monotonic()
     compose = _engine()
