@@ -10,7 +10,7 @@ ARG PYTHON_IMAGE=python:3.12-slim
 
 FROM ${PYTHON_IMAGE} AS base
 ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/vramlab/bin:$PATH
+    PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/vramlab/bin:$PATH MPLCONFIGDIR=/tmp/matplotlib
 RUN useradd --create-home --uid 10001 --user-group vramlab
 WORKDIR /home/vramlab
 

@@ -262,3 +262,40 @@ def test_down_and_up_keeps_the_database_volume(stack: Stack) -> None:
         with stack.step("a new experiment after down and up"):
             again = client.post("/v1/experiments", json=ADD)
             assert stack.wait_done(client, again.json()["id"])["status"] == "succeeded"
+
+
+def test_a_backup_restores_into_a_new_volume(stack: Stack, tmp_path: Path) -> None:
+    """docs/deploy.md's recipe: pg_dump while it runs; `down -v` loses everything; the
+    dump restored into the new, empty database brings it back."""
+    with stack.client() as client:
+        kept = stack.wait_done(client, client.post("/v1/experiments", json=ADD).json()["id"])
+    dump = tmp_path / "vramlab.dump"
+    with stack.step("backup (pg_dump)"):
+        with dump.open("wb") as out:
+            subprocess.run(
+                [*stack.compose, "exec", "-T", "postgres",
+                 "pg_dump", "-U", "vramlab", "-d", "vramlab", "-Fc"],
+                cwd=ROOT, env=stack.env, stdout=out, check=True, timeout=300,
+            )  # fmt: skip
+    assert dump.stat().st_size > 1000
+    with stack.step("down -v, up: an empty database"):
+        stack.run("down", "-v")
+        stack.run("up", "-d")
+        stack.wait_ready()
+    with stack.client() as client:
+        assert client.get(f"/v1/experiments/{kept['id']}").status_code == 401  # no tokens left
+    with stack.step("restore (pg_restore) and up"):
+        stack.run("stop", "api", "worker-cpu")
+        with dump.open("rb") as dumped:
+            subprocess.run(
+                [*stack.compose, "exec", "-T", "postgres", "pg_restore", "-U", "vramlab",
+                 "-d", "vramlab", "--clean", "--if-exists"],
+                cwd=ROOT, env=stack.env, stdin=dumped, check=True, timeout=300,
+                capture_output=True,
+            )  # fmt: skip
+        stack.run("up", "-d")
+        stack.wait_ready()
+    with stack.client() as client:
+        assert client.get(f"/v1/experiments/{kept['id']}").json() == kept
+        again = client.post("/v1/experiments", json=ADD)
+        assert stack.wait_done(client, again.json()["id"])["status"] == "succeeded"
