@@ -9,6 +9,7 @@ The experiment is queued on one replica and claimed through the other.
 
 import os
 import secrets
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -49,7 +50,8 @@ def hosts(pytestconfig: pytest.Config) -> Iterator[tuple[Stack, str]]:
         "VRAMLAB_DIAGNOSTIC_OPS": "true",
         "VRAMLAB_LEASE_SECONDS": "4",
     }
-    if LOCAL_TORCH:
+    if LOCAL_TORCH:  # as in test_compose: the CPU wheel on disk, PyTorch's index out of reach
+        shutil.copy2(LOCAL_TORCH[-1], ROOT / "deploy" / "wheels" / LOCAL_TORCH[-1].name)
         env["TORCH_CPU_PIP_ARGS"] = "--find-links /wheels"
     s = Stack(compose, env, f"http://127.0.0.1:{port}", say)
     s.run("down", "-v", "--remove-orphans", check=False)
@@ -91,19 +93,26 @@ def test_a_cut_off_worker_loses_its_lease_and_its_late_report_is_refused(
         assert workers[done["worker_id"]] == "worker-b" and done["worker_id"] != first_worker
         with stack.step("reconnect A: its late report is refused"):
             subprocess.run(["docker", "network", "connect", network, worker_a], check=True)
+            # What the worker logs when the API refuses what it sends late: its report (or
+            # its trace upload), or a heartbeat that finds the lease gone.
+            refusals = (
+                f"report of {exp_id} refused: the lease was lost",
+                "report refused: the lease was lost",
+                "refused: the lease was lost",
+                f"lease on {exp_id} lost",
+            )
             deadline = time.monotonic() + 90
-            while (
-                f"{exp_id} refused: the lease was lost"
-                not in (
-                    log := subprocess.run(
-                        ["docker", "logs", worker_a], capture_output=True, text=True
-                    ).stderr
-                )
-                and f"report of {exp_id} refused" not in log
-                and f"lease on {exp_id} lost" not in log
-            ):
+            while True:
+                log = subprocess.run(
+                    ["docker", "logs", worker_a],
+                    stderr=subprocess.STDOUT, stdout=subprocess.PIPE, text=True,
+                ).stdout  # fmt: skip
+                seen = [line for line in log.splitlines() if any(r in line for r in refusals)]
+                if seen:
+                    break
                 assert time.monotonic() < deadline, log[-3000:]
                 time.sleep(0.5)
+            stack.say(f"deploy hosts: worker A, reconnected: {seen[0].strip()[-120:]}")
         assert api1.get(f"/v1/experiments/{exp_id}").json() == done
         assert api2.get(f"/v1/experiments/{exp_id}").json() == done
         # Worker A goes on: it claims and runs the next one.
