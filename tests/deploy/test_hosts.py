@@ -91,7 +91,7 @@ def test_a_cut_off_worker_loses_its_lease_and_its_late_report_is_refused(
         assert done["status"] == "succeeded" and done["attempts"] == 2, done
         workers = {w["id"]: w["name"] for w in api1.get("/v1/workers").json()}
         assert workers[done["worker_id"]] == "worker-b" and done["worker_id"] != first_worker
-        with stack.step("reconnect A: its late report is refused"):
+        with stack.step("reconnect A: its late calls are refused"):
             subprocess.run(["docker", "network", "connect", network, worker_a], check=True)
             # What the worker logs when the API refuses what it sends late: its report (or
             # its trace upload), or a heartbeat that finds the lease gone.
