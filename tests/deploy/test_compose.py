@@ -1,0 +1,301 @@
+"""The compose stack as a user deploys it: built, started and used end to end.
+
+deploy/engine.sh finds, starts or installs a Docker engine (the tests skip, saying why,
+only when none can be had); deploy/standins.sh makes python:3.12-slim and postgres:16 when
+no registry answers. Then docker-compose.yml is built and brought up with its CPU worker,
+and a user: makes a token, submits through the API, sees the CPU worker container run it,
+reads the result and its trace, opens /docs and /ui/; restarts the api and postgres
+containers; SIGKILLs the worker container mid-experiment; takes the stack down and up
+again with its volume. Each step's time is printed. Select with ``pytest -m deploy``.
+"""
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import free_port
+
+pytestmark = [pytest.mark.deploy, pytest.mark.slow]
+ROOT = Path(__file__).resolve().parents[2]
+TERMINAL = ("succeeded", "failed", "cancelled")
+LOCAL_TORCH = sorted(Path("/opt/wheels").glob("torch-2.13.0+cpu-*.whl"))
+
+
+@dataclass
+class Stack:
+    compose: list[str]
+    env: dict[str, str]
+    url: str
+    say: Any
+    token: str = ""
+
+    def run(self, *args: str, timeout: float = 900, check: bool = True) -> str:
+        done = subprocess.run(
+            [*self.compose, *args],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        if check and done.returncode != 0:
+            raise AssertionError(
+                f"{' '.join(args)}: exit {done.returncode}\n{done.stdout[-3000:]}\n"
+                f"{done.stderr[-3000:]}\n{self.logs()}"
+            )
+        return done.stdout
+
+    def logs(self) -> str:
+        done = subprocess.run(
+            [*self.compose, "logs", "--no-color", "--tail", "40"],
+            cwd=ROOT,
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        return done.stdout[-6000:]
+
+    def container(self, service: str) -> str:
+        return self.run("ps", "-q", service).strip()
+
+    @contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        t0 = time.monotonic()
+        yield
+        self.say(f"deploy step {name}: {time.monotonic() - t0:.1f} s")
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url, timeout=30, headers={"Authorization": f"Bearer {self.token}"}
+        )
+
+    def wait_ready(self, seconds: float = 240) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError(f"the api never became ready\n{self.logs()}")
+
+    def wait_done(self, client: httpx.Client, exp_id: str, seconds: float = 240) -> dict[str, Any]:
+        deadline = time.monotonic() + seconds
+        exp: dict[str, Any] = {}
+        while time.monotonic() < deadline:
+            try:
+                exp = client.get(f"/v1/experiments/{exp_id}").json()
+            except httpx.TransportError:
+                exp = {"status": "unreachable"}
+            if exp.get("status") in TERMINAL:
+                return exp
+            time.sleep(0.5)
+        raise AssertionError(f"experiment {exp_id} did not finish: {exp}\n{self.logs()}")
+
+
+def _engine() -> list[str]:
+    if shutil.which("docker") is None and shutil.which("apt-get") is None:
+        pytest.skip("no Docker engine here and no apt-get to install one")
+    done = subprocess.run(
+        ["bash", str(ROOT / "deploy" / "engine.sh")], capture_output=True, text=True, timeout=900
+    )
+    if done.returncode == 3:
+        pytest.skip(f"no Docker engine can be had here: {done.stderr.strip()[-500:]}")
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().splitlines()[-1].split()
+
+
+@pytest.fixture(scope="module")
+def stack(pytestconfig: pytest.Config) -> Iterator[Stack]:
+    reporter = pytestconfig.pluginmanager.getplugin("terminalreporter")
+    capture = pytestconfig.pluginmanager.getplugin("capturemanager")
+
+    def say(line: str) -> None:  # to the terminal as it happens, past pytest's capture
+        if reporter is not None and capture is not None:
+            with capture.global_and_fixture_disabled():
+                reporter.write_line(line)
+
+    t0 = time.monotonic()
+    compose = _engine()
+    say(f"deploy step engine ({' '.join(compose)}): {time.monotonic() - t0:.1f} s")
+    port = free_port()
+    env = {
+        **os.environ,
+        "COMPOSE_PROJECT_NAME": "vramlab-e2e",
+        "DOCKER_BUILDKIT": "0",
+        "COMPOSE_DOCKER_CLI_BUILD": "1",
+        "VRAMLAB_PORT": str(port),
+        "VRAMLAB_WORKER_TOKEN": secrets.token_hex(16),
+        "VRAMLAB_SESSION_SECRET": secrets.token_hex(32),
+        "POSTGRES_PASSWORD": secrets.token_hex(12),
+        "VRAMLAB_DIAGNOSTIC_OPS": "true",
+        "VRAMLAB_LEASE_SECONDS": "5",
+    }
+    if LOCAL_TORCH:  # PyTorch's index is out of reach here: the CPU wheel on disk instead
+        shutil.copy2(LOCAL_TORCH[-1], ROOT / "deploy" / "wheels" / LOCAL_TORCH[-1].name)
+        env["TORCH_CPU_PIP_ARGS"] = "--find-links /wheels"
+    s = Stack(compose, env, f"http://127.0.0.1:{port}", say)
+    s.run("down", "-v", "--remove-orphans", check=False)
+    with s.step("base images (stand-ins if no registry)"):
+        done = subprocess.run(
+            ["bash", str(ROOT / "deploy" / "standins.sh")],
+            capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+    with s.step("build"):
+        s.run("build")
+    for image in ("vramlab-api:latest", "vramlab-worker-cpu:latest"):
+        size = subprocess.run(
+            ["docker", "image", "inspect", "-f", "{{.Size}}", image],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        say(f"deploy image {image}: {int(size) / 1e6:.0f} MB")
+        if image.startswith("vramlab-api"):
+            assert int(size) <= 250 * 10**6
+    try:
+        with s.step("up and healthy"):
+            s.run("up", "-d")
+            s.wait_ready()
+        with s.step("token"):
+            out = s.run(
+                "exec", "-T", "api", "vramlab", "token", "create",
+                "--scope", "read", "--scope", "submit", "--name", "e2e",
+            )  # fmt: skip
+            s.token = out.strip().splitlines()[0]
+        yield s
+    finally:
+        s.run("down", "-v", "--remove-orphans", check=False)
+
+
+ADD = {"op": "add", "shape": [1000, 1000], "dtype": "float32", "device": "cpu", "tags": ["deploy"]}
+
+
+def test_a_user_submits_and_the_cpu_worker_container_runs_it(stack: Stack) -> None:
+    with stack.step("submit, run, result, trace, /docs, /ui/"), stack.client() as client:
+        assert httpx.post(f"{stack.url}/v1/experiments", json=ADD).status_code == 401
+        accepted = client.post("/v1/experiments", json=ADD)
+        assert accepted.status_code == 202, accepted.text
+        exp = stack.wait_done(client, accepted.json()["id"])
+        assert exp["status"] == "succeeded", exp
+        assert exp["result"]["memory"]["delta_allocated"] >= 4_000_000
+        assert exp["result"]["environment"]["torch"].startswith("2.13.0")
+        worker = next(w for w in client.get("/v1/workers").json() if w["id"] == exp["worker_id"])
+        # The worker's default name is its host's: the worker container's.
+        assert stack.container("worker-cpu").startswith(worker["name"])
+        trace = client.get(
+            f"/v1/experiments/{exp['id']}/trace", params={"action": "alloc", "min_size": 4_000_000}
+        )
+        assert any(e["size"] == 4_000_000 for e in trace.json()["events"]), trace.text[:500]
+        docs = client.get("/docs")
+        assert docs.status_code == 200 and "swagger" in docs.text.lower()
+        assert client.get("/openapi.json").json()["paths"]
+        ui = client.get("/ui/")
+        assert ui.status_code == 200 and exp["id"] in ui.text
+
+
+def test_restarting_the_api_and_the_database_loses_nothing(stack: Stack) -> None:
+    with stack.client() as client:
+        before = client.post("/v1/experiments", json=ADD).json()
+        before = stack.wait_done(client, before["id"])
+        with stack.step("restart api"):
+            stack.run("restart", "api")
+            stack.wait_ready()
+        assert client.get(f"/v1/experiments/{before['id']}").json() == before
+        with stack.step("restart postgres"):
+            stack.run("restart", "postgres")
+            stack.wait_ready()
+        assert client.get(f"/v1/experiments/{before['id']}").json() == before
+        with stack.step("a new experiment after both restarts"):
+            after = client.post("/v1/experiments", json=ADD)
+            assert after.status_code == 202, after.text
+            assert stack.wait_done(client, after.json()["id"])["status"] == "succeeded"
+
+
+def test_a_worker_container_killed_mid_experiment_leaves_nothing_running(stack: Stack) -> None:
+    spec = {"op": "sleep", "shape": [1024], "device": "cpu", "params": {"seconds": 8}}
+    with stack.client() as client:
+        exp_id = client.post("/v1/experiments", json=spec).json()["id"]
+        deadline = time.monotonic() + 120
+        while client.get(f"/v1/experiments/{exp_id}").json()["status"] != "running":
+            assert time.monotonic() < deadline, stack.logs()
+            time.sleep(0.2)
+        with stack.step("SIGKILL the worker container mid-experiment, until it ends"):
+            subprocess.run(
+                ["docker", "kill", "-s", "KILL", stack.container("worker-cpu")], check=True
+            )
+            time.sleep(2)
+            # unless-stopped restarts a killed container; if this engine did not, start it.
+            if not stack.run("ps", "--filter", "status=running", "--services").count("worker"):
+                stack.run("start", "worker-cpu")
+            done = stack.wait_done(client, exp_id)
+        ok = done["status"] == "succeeded" and done["attempts"] >= 2
+        lost = done["status"] == "failed" and done["error"]["type"] == "lost"
+        assert ok or lost, json.dumps(done)[:2000]
+        stack.say(f"deploy kill: experiment {done['status']} after {done['attempts']} attempts")
+
+
+def test_down_and_up_keeps_the_database_volume(stack: Stack) -> None:
+    with stack.client() as client:
+        kept = stack.wait_done(client, client.post("/v1/experiments", json=ADD).json()["id"])
+    with stack.step("down (volume kept)"):
+        stack.run("down")
+    with stack.step("up again and healthy"):
+        stack.run("up", "-d")
+        stack.wait_ready()
+    with stack.client() as client:
+        assert client.get(f"/v1/experiments/{kept['id']}").json() == kept
+        listed = client.get("/v1/experiments", params={"tag": "deploy"}).json()
+        assert len(listed["items"] if isinstance(listed, dict) else listed) >= 3
+        with stack.step("a new experiment after down and up"):
+            again = client.post("/v1/experiments", json=ADD)
+            assert stack.wait_done(client, again.json()["id"])["status"] == "succeeded"
+
+
+def test_a_backup_restores_into_a_new_volume(stack: Stack, tmp_path: Path) -> None:
+    """docs/deploy.md's recipe: pg_dump while it runs; `down -v` loses everything; the
+    dump restored into the new, empty database brings it back."""
+    with stack.client() as client:
+        kept = stack.wait_done(client, client.post("/v1/experiments", json=ADD).json()["id"])
+    dump = tmp_path / "vramlab.dump"
+    with stack.step("backup (pg_dump)"):
+        with dump.open("wb") as out:
+            subprocess.run(
+                [*stack.compose, "exec", "-T", "postgres",
+                 "pg_dump", "-U", "vramlab", "-d", "vramlab", "-Fc"],
+                cwd=ROOT, env=stack.env, stdout=out, check=True, timeout=300,
+            )  # fmt: skip
+    assert dump.stat().st_size > 1000
+    with stack.step("down -v, up: an empty database"):
+        stack.run("down", "-v")
+        stack.run("up", "-d")
+        stack.wait_ready()
+    with stack.client() as client:
+        assert client.get(f"/v1/experiments/{kept['id']}").status_code == 401  # no tokens left
+    with stack.step("restore (pg_restore) and up"):
+        stack.run("stop", "api", "worker-cpu")
+        with dump.open("rb") as dumped:
+            subprocess.run(
+                [*stack.compose, "exec", "-T", "postgres", "pg_restore", "-U", "vramlab",
+                 "-d", "vramlab", "--clean", "--if-exists"],
+                cwd=ROOT, env=stack.env, stdin=dumped, check=True, timeout=300,
+                capture_output=True,
+            )  # fmt: skip
+        stack.run("up", "-d")
+        stack.wait_ready()
+    with stack.client() as client:
+        assert client.get(f"/v1/experiments/{kept['id']}").json() == kept
+        again = client.post("/v1/experiments", json=ADD)
+        assert stack.wait_done(client, again.json()["id"])["status"] == "succeeded"
