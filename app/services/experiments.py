@@ -1,12 +1,10 @@
 """Experiments as clients see them: submit, look up, list, cancel."""
 
-import base64
-import binascii
 import functools
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import (
@@ -27,12 +25,12 @@ from sqlalchemy.orm import Session
 
 from app.contract import Prediction, Status
 from app.core.config import Settings
-from app.errors import ApiError, Conflict, NotFound, TooManyRequests
+from app.errors import Conflict, NotFound, TooManyRequests
 from app.models import Experiment, ExperimentTag
 from app.schemas.data import STORED
 from app.schemas.experiment import ExperimentError, ExperimentOut, QueueInfo
 from app.schemas.spec import ExperimentSpec
-from app.services import answers, ids, live_workers, queue, workers
+from app.services import answers, cursors, ids, live_workers, queue, workers
 from app.services.signals import WorkSignal
 from app.services.specs import AcceptedSpec
 
@@ -268,27 +266,6 @@ class Filters:
     kind: str | None = None
 
 
-def _encode_cursor(exp: Experiment) -> str:
-    raw = f"{exp.created_at.isoformat()}|{exp.id}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        stamp, exp_id = raw.split("|", 1)
-        at = datetime.fromisoformat(stamp)
-        # The cursors this API writes carry UTC; a forged one without a zone is no cursor.
-        if at.tzinfo is None or "\x00" in exp_id:
-            raise ValueError("not a cursor")
-        return at.astimezone(UTC), exp_id
-    except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError):
-        raise ApiError(
-            "cursor: not a cursor this API returned",
-            details=[{"field": "cursor", "message": "pass next_cursor from a previous page"}],
-        ) from None
-
-
 def page(
     session: Session, filters: Filters, limit: int, cursor: str | None
 ) -> tuple[list[Experiment], str | None]:
@@ -320,13 +297,13 @@ def page(
     if filters.kind:
         stmt = stmt.where(Experiment.kind == filters.kind)
     if cursor:
-        at, last_id = _decode_cursor(cursor)
+        at, last_id = cursors.decode(cursor)
         stmt = stmt.where(or_(created < at, and_(created == at, ident < last_id)))
     stmt = stmt.order_by(created.desc(), ident.desc()).limit(limit + 1)
     rows = list(session.scalars(stmt))
     more = len(rows) > limit
     rows = rows[:limit]
-    return rows, (_encode_cursor(rows[-1]) if more and rows else None)
+    return rows, (cursors.encode(rows[-1].created_at, rows[-1].id) if more and rows else None)
 
 
 def queue_info(

@@ -7,11 +7,9 @@ variant with the varied param set, so a trial the engine queues later is refused
 where the catalog bounds the varied value itself (which ends that variant's search).
 """
 
-import base64
-import binascii
 import contextlib
 import uuid
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import CursorResult, and_, or_, select, update
@@ -20,11 +18,11 @@ from sqlalchemy.orm import Session
 from app.contract import FitStatus, Status
 from app.core.config import Settings
 from app.core.units import human_bytes
-from app.errors import ApiError, Conflict, InvalidSpec
+from app.errors import Conflict, InvalidSpec
 from app.models import Experiment, Fit, Worker
 from app.plots.chart import Chart, Line
 from app.schemas.fit import FitIn, FitOut, FitSummary, FitTrial, FitVariant
-from app.services import experiments, fit_search, ids
+from app.services import cursors, experiments, fit_search, ids
 from app.services.fit_engine import OPEN, FitWake
 
 # Params a variant may not override: the search sets them.
@@ -239,26 +237,6 @@ def summary(fit: Fit) -> FitSummary:
     )
 
 
-def _encode_cursor(fit: Fit) -> str:
-    raw = f"{fit.created_at.isoformat()}|{fit.id}".encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
-        stamp, fit_id = raw.split("|", 1)
-        at = datetime.fromisoformat(stamp)
-        if at.tzinfo is None or "\x00" in fit_id:
-            raise ValueError("not a cursor")
-        return at.astimezone(UTC), fit_id
-    except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError):
-        raise ApiError(
-            "cursor: not a cursor this API returned",
-            details=[{"field": "cursor", "message": "pass next_cursor from a previous page"}],
-        ) from None
-
-
 def page(
     session: Session, limit: int, cursor: str | None, status: FitStatus | None = None
 ) -> tuple[list[Fit], str | None]:
@@ -267,14 +245,14 @@ def page(
     if status is not None:
         stmt = stmt.where(Fit.status == status)
     if cursor:
-        at, last_id = _decode_cursor(cursor)
+        at, last_id = cursors.decode(cursor)
         stmt = stmt.where(or_(Fit.created_at < at, and_(Fit.created_at == at, Fit.id < last_id)))
     rows = list(
         session.scalars(stmt.order_by(Fit.created_at.desc(), Fit.id.desc()).limit(limit + 1))
     )
     more = len(rows) > limit
     rows = rows[:limit]
-    return rows, (_encode_cursor(rows[-1]) if more and rows else None)
+    return rows, (cursors.encode(rows[-1].created_at, rows[-1].id) if more and rows else None)
 
 
 def cancel(session: Session, fit: Fit, now: datetime) -> Fit:

@@ -14,7 +14,6 @@ predictor child (app/services/predictor.py). The API never imports torch.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 import time
@@ -29,8 +28,8 @@ from app.catalog.model_zoo import resolve
 from app.contract import Category
 from workers.models.build import DEFAULT_NEW_TOKENS, DEFAULT_SEQ_LEN, Built, build
 from workers.models.cuda_semantics import CudaSemantics
-from workers.models.steps import run_step
-from workers.models.tally import BLOCK, OTHER, Tally, rounded
+from workers.models.steps import tally_step
+from workers.models.tally import BLOCK, rounded
 
 MiB = 2**20
 # cuBLAS's workspace on CUDA (PyTorch's default size on Hopper), one per handle: the main
@@ -69,8 +68,8 @@ class FakeScaler:
         torch._amp_foreach_non_finite_check_and_unscale_(grads, self.found_inf, inv)
         optimizer.step()
 
-    def update(self) -> None:
-        pass
+    def update(self) -> None:  # the scale stays: no values to judge it by
+        return None
 
 
 # Config keys that count a model's repeated blocks. A stack of identical blocks adds the
@@ -124,40 +123,27 @@ def _phases(params: Mapping[str, Any], cuda: bool) -> dict[str, dict[str, int]]:
     blocks, traced at two shallow depths and extended."""
     depth = _depth(params)
     if depth is None:
-        return _trace(params, cuda)[0]
+        return _trace(params, cuda)
     key, layers = depth
     shallow = []
     for n in SHALLOW:
         config = {**(params.get("config") or {}), key: n}
-        shallow.append(_trace({**params, "config": config}, cuda)[0])
+        shallow.append(_trace({**params, "config": config}, cuda))
     return _extend(shallow, layers)
 
 
-def _trace(params: Mapping[str, Any], cuda: bool) -> tuple[dict[str, dict[str, int]], Built]:
+def _trace(params: Mapping[str, Any], cuda: bool) -> dict[str, dict[str, int]]:
     """Each phase's peak, by category, from the step traced on fake tensors."""
-    semantics = CudaSemantics() if cuda else contextlib.nullcontext()
+    semantics = CudaSemantics() if cuda else None
     with FakeTensorMode(allow_non_fake_inputs=True):
         built = build(params, torch.device("cpu"), initialize=False)
         if built.scaler is not None:
             built.scaler = FakeScaler(built.device)
-        if isinstance(semantics, CudaSemantics):
+        if semantics is not None:
             built.autocast_with = semantics.autocast
             semantics.checkpointing(built.model)
         _prime(built)
-        tally = Tally(BLOCK if cuda else 1)
-        tally.adopt([*built.parameters(), *built.optimizer_state(), *built.inputs.values()])
-        tally.adopt(built.model.buffers(), OTHER)
-        if built.scaler is not None:
-            tally.adopt([built.scaler.scale_value, built.scaler.found_inf])
-        with semantics, tally:
-            run_step(built, tally.during)
-        state = (built.parameters(), built.gradients(), built.optimizer_state())
-        phases = {
-            name: tally.categorize(*state, phase=name).categories
-            for name in tally.phase_peaks
-            if name != OTHER
-        }
-    return phases, built
+        return tally_step(built, BLOCK if cuda else 1, semantics).phases
 
 
 def _depth(params: Mapping[str, Any]) -> tuple[str, int] | None:

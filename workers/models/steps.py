@@ -8,6 +8,7 @@ code runs in all three, so what is predicted is what is measured.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 
 from workers.models.build import Built
+from workers.models.tally import OTHER, Peak, Tally
 
 Phase = Callable[[str], AbstractContextManager[Any]]
 
@@ -99,17 +101,32 @@ def generate(built: Built, phase: Phase) -> None:
     del cache, token
 
 
-def phase_names(task: str) -> tuple[str, ...]:
-    return {
-        "train": ("forward", "backward", "optimizer"),
-        "inference": ("forward",),
-        "generate": ("prefill", "decode"),
-    }[task]
-
-
 def tokens_per_step(built: Built) -> int | None:
     if built.resolved.kind == "image-classification":
         return None
     if built.task == "generate":
         return built.batch_size * built.new_tokens
     return built.batch_size * built.seq_len
+
+
+def tally_step(built: Built, block: int, around: AbstractContextManager[Any] | None = None) -> Peak:
+    """One more step under the category tally (workers/models/tally.py): what held memory
+    at its peak. What exists before it (parameters, optimizer state, inputs, buffers) is
+    counted from the start; ``around`` wraps the step (the predictor's CUDA semantics)."""
+    tally = Tally(block)
+    tally.adopt([*built.parameters(), *built.optimizer_state(), *built.inputs.values()])
+    tally.adopt(built.model.buffers())
+    scaler = built.scaler
+    for held in ("scale_value", "found_inf"):  # the predictor's stand-in GradScaler
+        if isinstance(getattr(scaler, held, None), torch.Tensor):
+            tally.adopt([getattr(scaler, held)])
+    with around or contextlib.nullcontext(), tally:
+        run_step(built, tally.during)
+    state = (built.parameters(), built.gradients(), built.optimizer_state())
+    peak = tally.categorize(*state)
+    peak.phases = {
+        name: tally.categorize(*state, phase=name).categories
+        for name in tally.phase_peaks
+        if name != OTHER
+    }
+    return peak

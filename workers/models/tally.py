@@ -18,7 +18,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -50,6 +50,8 @@ class Peak:
     bytes: int
     categories: dict[str, int]
     phase: str  # the phase in which the peak came
+    # Each phase's own peak by category (filled by steps.tally_step).
+    phases: dict[str, dict[str, int]] = field(default_factory=dict)
 
 
 def rounded(nbytes: int, block: int) -> int:

@@ -19,8 +19,8 @@ import torch
 
 from workers import sections
 from workers.models.build import build
-from workers.models.steps import run_step, tokens_per_step
-from workers.models.tally import BLOCK, OTHER, Tally, rounded
+from workers.models.steps import run_step, tally_step, tokens_per_step
+from workers.models.tally import BLOCK, rounded
 from workers.ops.base import Inputs, Op, OpContext, Outputs
 
 SECTION = "model.step{step}.{phase}.{n}"  # a phase's section; n counts micro-batches
@@ -84,13 +84,8 @@ def _run(inputs: Inputs, ctx: OpContext) -> Outputs:
 
 def _tally(built: Any, device: torch.device) -> dict[str, Any]:
     """One more step under the category tally: what held memory at its peak."""
-    tally = Tally(BLOCK if device.type == "cuda" else 1)
-    tally.adopt([*built.parameters(), *built.optimizer_state(), *built.inputs.values()], OTHER)
-    tally.adopt(built.model.buffers(), OTHER)
-    with tally:
-        run_step(built, tally.during)
+    peak = tally_step(built, BLOCK if device.type == "cuda" else 1)
     _sync(device)
-    peak = tally.categorize(built.parameters(), built.gradients(), built.optimizer_state())
     return {"peak": peak.bytes, "phase": peak.phase, "categories": peak.categories}
 
 
