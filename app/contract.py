@@ -115,6 +115,9 @@ TRACE_CHUNK_EXPANSION = 8
 # A worker may take several experiments in one claim and report several outcomes in one
 # request: each experiment keeps its own lease and is checked on its own (exactly once,
 # by the token whose worker claimed it); an item refused changes nothing.
+# An experiment's id as the API hands it out (a lower-case UUID); what a worker's
+# outcome names must look like one.
+EXPERIMENT_ID_PATTERN = r"^[0-9a-f][0-9a-f-]{0,63}$"
 CLAIM_BATCH_PATH = "/v1/worker/claims"
 REPORT_BATCH_PATH = "/v1/worker/results"
 # The most experiments one claim takes (its ``max``) and outcomes one report carries

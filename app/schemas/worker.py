@@ -169,7 +169,7 @@ class OutcomeRequest(LeaseRequest, Outcome):
 class ReportItem(OutcomeRequest):
     """One outcome of a batch report: the experiment, its lease, the outcome."""
 
-    experiment_id: str = Field(max_length=64)
+    experiment_id: str = Field(max_length=64, pattern=contract.EXPERIMENT_ID_PATTERN)
 
 
 class ReportBatchRequest(BaseModel):

@@ -161,7 +161,10 @@ def test_batches_are_bounded(client: httpx.Client) -> None:
         assert client.post(CLAIM_BATCH_PATH, json=body).status_code == 422
     submit(client)
     [got] = claim_batch(client, worker, 1)
-    for items in ([], [item(got)] * (MAX_REPORT_BATCH + 1)):
+    # No outcome may name an id that is not one: an empty id, or one with a slash, would
+    # make a path of another route (POST /v1/experiments//cancel answered 405).
+    odd = [{**item(got), "experiment_id": bad} for bad in ("", "a/b", "ABC", " x")]
+    for items in ([], [item(got)] * (MAX_REPORT_BATCH + 1), *([o] for o in odd)):
         refused = client.post(REPORT_BATCH_PATH, json={"results": items})
         assert refused.status_code == 422, refused.text
     assert client.get(f"/v1/experiments/{got['id']}").json()["status"] == "running"
