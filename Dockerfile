@@ -23,6 +23,7 @@ RUN pip install . && pip uninstall -y -q vramlab
 COPY app ./app
 COPY workers ./workers
 COPY migrations ./migrations
+COPY client ./client
 RUN pip install --no-deps . && pip uninstall -y -q pip setuptools
 # Slimming (the api image stays under 250 MB): no tests, stubs or sample data; extension
 # modules without their symbols; the libraries as bytecode only (compiled here once, beside
@@ -72,6 +73,7 @@ RUN pip install ".[worker,models]" && pip uninstall -y -q vramlab
 COPY app ./app
 COPY workers ./workers
 COPY migrations ./migrations
+COPY client ./client
 RUN pip install --no-deps . && pip uninstall -y -q pip
 
 FROM base AS worker-cpu
@@ -93,6 +95,7 @@ RUN pip install ".[worker,models]" && pip uninstall -y -q vramlab
 COPY app ./app
 COPY workers ./workers
 COPY migrations ./migrations
+COPY client ./client
 RUN pip install --no-deps . && pip uninstall -y -q pip
 
 FROM base AS worker

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import httpx
+from vramlab.contract import FINISHED, Isolation, Result, SnapshotResult, Status
 
-from app.contract import FINISHED, Isolation, Result, SnapshotResult, Status
 from app.core.units import human_bytes
 from app.schemas.results import SweepRow
 

@@ -8,9 +8,9 @@ import time
 from typing import Any
 
 import httpx
+from vramlab.contract import FIT_VARIES, FitStatus
 
 from app import client_cli as cli
-from app.contract import FIT_VARIES, FitStatus
 
 _UNITS = {
     "": 1,

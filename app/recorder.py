@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-from app.contract import Figure
+from vramlab.contract import Figure
 
 BOOT = Path(__file__).resolve().parent / "recorder_boot"
 _BLOCK = 1 << 20

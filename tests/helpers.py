@@ -5,8 +5,7 @@ from typing import Any
 
 import httpx
 import pytest
-
-from app.contract import MEMORY_KEYS
+from vramlab.contract import MEMORY_KEYS
 
 ADD = {"op": "add", "shape": [1000, 1000], "dtype": "float32", "device": "cpu"}
 MATMUL = {

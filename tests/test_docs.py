@@ -3,8 +3,9 @@ docs/results.md, every preset's article a section a reader can follow."""
 
 from pathlib import Path
 
+from vramlab.contract import Environment, ErrorType
+
 from app.catalog.presets import PRESETS
-from app.contract import Environment, ErrorType
 from app.core.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent

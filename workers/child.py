@@ -27,9 +27,9 @@ import torch
 # here lets the forkserver, which preloads this module, pay that once for all children.
 import torch._dynamo
 import torch.profiler
+from vramlab import contract
+from vramlab.contract import KEEPS_RESULT, ErrorType, Isolation, Status
 
-from app import contract
-from app.contract import KEEPS_RESULT, ErrorType, Isolation, Status
 from workers import allocator, limits, notes, scenario, sections, shared
 from workers.errors import OpFailure, call, classify, error, oom_details
 from workers.measure import Meter, fill_from_events

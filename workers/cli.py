@@ -13,7 +13,7 @@ import socket
 import sys
 from collections.abc import Sequence
 
-from app.contract import MAX_CLAIM_BATCH
+from vramlab.contract import MAX_CLAIM_BATCH
 
 log = logging.getLogger("vramlab.worker")
 # What a worker cannot run a single experiment without (the `worker` extra).

@@ -6,8 +6,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import httpx
-
-from app import contract
+from vramlab import contract
 
 log = logging.getLogger("vramlab.worker")
 T = TypeVar("T")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.contract import ErrorType
+from vramlab.contract import ErrorType
 
 MiB = 2**20
 

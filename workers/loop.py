@@ -33,7 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from app.contract import MAX_REPORT_BATCH, ReportVerdict, Status
+from vramlab.contract import MAX_REPORT_BATCH, ReportVerdict, Status
+
 from workers.client import STOP_POLL_S, LeaseLost, Refused, UnknownWorker, with_retry
 from workers.outcome import (
     REPORT_OVERHEAD_BYTES,

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.contract import SHARED_PROCESS_FIGURES, ErrorType, MemoryFigures, Prediction
+from vramlab.contract import SHARED_PROCESS_FIGURES, ErrorType, MemoryFigures, Prediction
+
 from workers import explain
 from workers.tracer import Event
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from app import contract
-from app.contract import ErrorType, Status
+from vramlab import contract
+from vramlab.contract import ErrorType, Status
 
 # The worker cuts traces into chunks of this many events (at most the API's limit).
 TRACE_CHUNK_EVENTS = 50_000

@@ -46,8 +46,9 @@ from multiprocessing.context import (
 from pathlib import Path
 from typing import Any
 
+from vramlab.contract import ChildStart, ErrorType, Isolation, Status
+
 from app.catalog.devices import canonical_device
-from app.contract import ChildStart, ErrorType, Isolation, Status
 from workers import allocator
 from workers.children import EXIT_GRACE_S, Child, SharedPool, reap, reap_soon
 

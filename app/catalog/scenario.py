@@ -16,12 +16,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vramlab.contract import Prediction, StepPrediction
+
 from app.catalog.devices import canonical_device
 from app.catalog.dtypes import DTYPES, fill_problem
 from app.catalog.model import CatalogError, OpEntry, Param, TensorPlan, TensorSpec, check_shape
 from app.catalog.rounding import rounded_block_bytes
 from app.catalog.shapes import broadcast, matmul_shape, norm_dim
-from app.contract import Prediction, StepPrediction
 
 MAX_TOP_STEPS = 64
 MAX_WRITTEN_STEPS = 500  # step objects in a spec, repeat bodies included

@@ -5,8 +5,8 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import BigInteger, ForeignKey, Index, String, Text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
+from vramlab import contract
 
-from app import contract
 from app.models.base import Base, utcnow
 
 if TYPE_CHECKING:

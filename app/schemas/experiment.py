@@ -4,8 +4,8 @@ from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field
+from vramlab.contract import ErrorInfo, Prediction, Result, SnapshotResult, Status
 
-from app.contract import ErrorInfo, Prediction, Result, SnapshotResult, Status
 from app.schemas.spec import ExperimentSpec
 
 

@@ -4,8 +4,8 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from vramlab.contract import FitStatus, Status
 
-from app.contract import FitStatus, Status
 from app.schemas.data import AS_DATA, DataDict
 
 MAX_VARIANTS = 8

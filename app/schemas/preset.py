@@ -3,8 +3,8 @@
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+from vramlab.contract import Isolation
 
-from app.contract import Isolation
 from app.schemas.spec import Tag
 
 

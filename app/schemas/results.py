@@ -4,8 +4,8 @@ from datetime import datetime
 from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, Field
+from vramlab.contract import ErrorType, Status
 
-from app.contract import ErrorType, Status
 from app.schemas.data import AS_DATA, DataDict
 
 

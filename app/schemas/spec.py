@@ -3,8 +3,8 @@
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from vramlab.contract import Isolation
 
-from app.contract import Isolation
 from app.schemas.data import TEXT_PATTERN, DataDict
 
 Tag = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f]+$")]

@@ -12,9 +12,9 @@ from pydantic import (
     StringConstraints,
     model_validator,
 )
+from vramlab import contract
+from vramlab.contract import Outcome, ReportVerdict, WorkerState
 
-from app import contract
-from app.contract import Outcome, ReportVerdict, WorkerState
 from app.schemas import data
 from app.schemas.data import TEXT_PATTERN
 

@@ -9,8 +9,9 @@ in-place op on a leaf that requires grad) fails when it answers: its status stay
 
 from dataclasses import dataclass
 
+from vramlab.contract import Status
+
 from app.catalog.presets import PRESETS
-from app.contract import Status
 
 
 @dataclass(frozen=True)

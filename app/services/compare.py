@@ -3,8 +3,8 @@
 from typing import Any
 
 from sqlalchemy.orm import Session
+from vramlab.contract import MEMORY_KEYS, Figure, Result, SnapshotResult, Status
 
-from app.contract import MEMORY_KEYS, Figure, Result, SnapshotResult, Status
 from app.errors import InvalidSpec
 from app.models import Experiment
 from app.plots.chart import human_bytes

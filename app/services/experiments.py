@@ -22,8 +22,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
+from vramlab.contract import Prediction, Status
 
-from app.contract import Prediction, Status
 from app.core.config import Settings
 from app.errors import Conflict, NotFound, TooManyRequests
 from app.models import Experiment, ExperimentTag

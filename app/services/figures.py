@@ -7,8 +7,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
+from vramlab.contract import Status
 
-from app.contract import Status
 from app.errors import NotFound
 from app.models import Experiment
 from app.plots import ticks

@@ -20,8 +20,8 @@ from sqlalchemy import CursorResult, event, insert, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
+from vramlab.contract import FitStatus, Status
 
-from app.contract import FitStatus, Status
 from app.core.config import Settings
 from app.core.db import Busy, Database
 from app.errors import ApiError, InvalidSpec

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
+from vramlab.contract import ErrorType, Status
 
-from app.contract import ErrorType, Status
 from app.core.config import Settings
 from app.errors import InvalidSpec
 from app.schemas.spec import ExperimentSpec

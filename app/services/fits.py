@@ -14,8 +14,8 @@ from typing import Any, cast
 
 from sqlalchemy import CursorResult, and_, or_, select, update
 from sqlalchemy.orm import Session
+from vramlab.contract import FitStatus, Status
 
-from app.contract import FitStatus, Status
 from app.core.config import Settings
 from app.core.units import human_bytes
 from app.errors import Conflict, InvalidSpec

@@ -10,8 +10,8 @@ from datetime import datetime
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
+from vramlab.contract import Status
 
-from app.contract import Status
 from app.core.config import Settings
 from app.core.db import Database
 from app.models import Experiment

@@ -27,8 +27,8 @@ from typing import Any, cast
 
 from sqlalchemy import CursorResult, Select, delete, func, select, update
 from sqlalchemy.orm import Session
+from vramlab.contract import ErrorType, ReportVerdict, Status
 
-from app.contract import ErrorType, ReportVerdict, Status
 from app.core.config import Settings
 from app.errors import ApiError, LeaseLost
 from app.models import Experiment, Result, TraceChunk, Worker

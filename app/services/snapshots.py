@@ -28,9 +28,9 @@ from typing import Any, BinaryIO
 
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
+from vramlab.contract import Status
 
 import app
-from app.contract import Status
 from app.core.config import Settings
 from app.errors import ApiError, NotFound, PayloadTooLarge
 from app.models import Experiment, ExperimentTag, Result, Snapshot, TraceChunk

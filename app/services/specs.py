@@ -8,10 +8,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from vramlab.contract import Isolation
+
 from app.catalog import CatalogError, get_op, parse_device, plan_spec
 from app.catalog.dtypes import DTYPES
 from app.catalog.scenario import SCENARIO, ScenarioPlan, plan_scenario
-from app.contract import Isolation
 from app.core.config import Settings
 from app.core.units import human_bytes
 from app.errors import InvalidSpec

@@ -20,9 +20,9 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
+from vramlab.contract import ErrorType, Figure, Result, Status
 
 from app.catalog.scenario import MAX_PLANNED_STEPS
-from app.contract import ErrorType, Figure, Result, Status
 from app.core.config import Settings
 from app.errors import InvalidSpec
 from app.models import Experiment, ExperimentTag, Sweep

@@ -8,8 +8,8 @@ from typing import Any
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
+from vramlab import contract
 
-from app import contract
 from app.core.config import Settings
 from app.errors import ApiError, Conflict, PayloadTooLarge
 from app.models import Experiment, TraceChunk

@@ -19,7 +19,7 @@ import struct
 import sys
 from typing import Any
 
-from app.contract import MEMORY_VIZ_ACTIONS
+from vramlab.contract import MEMORY_VIZ_ACTIONS
 
 PROTO2 = b"\x80\x02"
 EMPTY_DICT = b"}"

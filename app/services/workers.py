@@ -11,8 +11,8 @@ from typing import Any, Protocol
 
 from sqlalchemy import ColumnElement, and_, func, literal, or_, select, update
 from sqlalchemy.orm import Session
+from vramlab.contract import Status, WorkerState
 
-from app.contract import Status, WorkerState
 from app.errors import NotFound
 from app.models import Experiment, Worker
 from app.schemas.worker import RegisterRequest

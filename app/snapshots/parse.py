@@ -29,7 +29,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from app.contract import MEMORY_VIZ_ACTIONS, Figure, SnapshotFigures
+from vramlab.contract import MEMORY_VIZ_ACTIONS, Figure, SnapshotFigures
+
 from app.snapshots import categories as cat
 from app.snapshots import safe_pickle
 from app.snapshots.segments import summarise_segments

@@ -7,9 +7,9 @@ from typing import Any
 
 import httpx
 import pytest
+from vramlab.contract import MEMORY_KEYS
 
 from app.api.openapi import WORKER_TAG
-from app.contract import MEMORY_KEYS
 from app.main import create_app
 from tests.conftest import make_settings
 

@@ -7,8 +7,8 @@ from collections import Counter
 from typing import Any
 
 import httpx
+from vramlab.contract import CLAIM_BATCH_PATH, MAX_CLAIM_BATCH, MAX_REPORT_BATCH, REPORT_BATCH_PATH
 
-from app.contract import CLAIM_BATCH_PATH, MAX_CLAIM_BATCH, MAX_REPORT_BATCH, REPORT_BATCH_PATH
 from tests.api.test_auth import bearer, create_token
 from tests.api.test_worker_protocol import _events, _gz
 from tests.conftest import Clock, LiveServer, make_settings

@@ -4,8 +4,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from vramlab import contract
 
-from app import contract
 from app.catalog import plan_spec
 from workers.runner import Outcome, Runner
 

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from vramlab import contract
+from vramlab.contract import ErrorType, Status
 
-from app import contract
-from app.contract import ErrorType, Status
 from tests.helpers import CPU_CAPS, MEMORY
 from workers.client import LeaseLost, Refused
 from workers.loop import WorkerLoop

@@ -7,8 +7,8 @@ from typing import Any
 
 import httpx
 import pytest
+from vramlab.contract import ErrorType, Status
 
-from app.contract import ErrorType, Status
 from tests.conftest import LiveServer, make_settings
 from tests.helpers import MEMORY, submit
 from tests.workers.test_loop import FakeRunner, succeeded, with_trace

@@ -11,8 +11,8 @@ from typing import Any
 
 import psutil
 import pytest
+from vramlab.contract import ALLOCATOR_KEYS
 
-from app.contract import ALLOCATOR_KEYS
 from tests.workers.conftest import CheckedRunner, SpecFactory
 from workers.runner import Outcome, Runner
 

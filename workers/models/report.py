@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app.contract import Category, ModelFigures, ModelStep, PhasePeak
+from vramlab.contract import Category, ModelFigures, ModelStep, PhasePeak
+
 from app.core.units import human_bytes
 
 RAW = "model_run"

@@ -5,6 +5,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Response
 from starlette.concurrency import run_in_threadpool
+from vramlab.contract import Status
 
 from app.api.deps import (
     AuthenticateFirst,
@@ -15,7 +16,6 @@ from app.api.deps import (
     SettingsDep,
     require,
 )
-from app.contract import Status
 from app.errors import ERROR_RESPONSES
 from app.schemas.experiment import ExperimentOut, ExperimentPage
 from app.schemas.spec import ExperimentSpec

@@ -4,10 +4,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import Response
+from vramlab.contract import FitStatus
 
 from app.api.deps import SHORT_ID, NowDep, SessionDep, SettingsDep, get_db, require
 from app.api.figures import FIGURE_RESPONSES, FigureFormat, respond
-from app.contract import FitStatus
 from app.core.db import Database
 from app.errors import ERROR_RESPONSES
 from app.models import Fit

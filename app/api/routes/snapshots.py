@@ -16,11 +16,11 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response, StreamingResponse
 from starlette.datastructures import FormData, UploadFile
+from vramlab.contract import TRACE_ACTIONS, Figure, TraceAction
 
 from app.api.deps import SHORT_ID, NowDep, SessionDep, SettingsDep, get_db, require
 from app.api.figures import FIGURE_RESPONSES, FigureFormat, respond
 from app.api.routes import traces as trace_routes
-from app.contract import TRACE_ACTIONS, Figure, TraceAction
 from app.core.db import Database
 from app.errors import ERROR_RESPONSES, TooManyRequests
 from app.models import Experiment

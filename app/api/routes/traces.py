@@ -8,9 +8,9 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
+from vramlab.contract import TRACE_ACTIONS, TraceAction
 
 from app.api.deps import DatabaseDep, ExperimentDep, SessionDep, require
-from app.contract import TRACE_ACTIONS, TraceAction
 from app.core.db import Database
 from app.errors import ERROR_RESPONSES
 from app.services import exports, memory_viz, traces

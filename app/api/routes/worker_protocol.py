@@ -11,6 +11,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Request, Response
 from starlette.concurrency import run_in_threadpool
+from vramlab.contract import CLAIM_BATCH_PATH, REPORT_BATCH_PATH
 
 from app.api.deps import (
     ClockDep,
@@ -26,7 +27,6 @@ from app.api.deps import (
     require,
 )
 from app.api.openapi import WORKER_TAG
-from app.contract import CLAIM_BATCH_PATH, REPORT_BATCH_PATH
 from app.core.config import Settings
 from app.core.db import Database
 from app.errors import ERROR_RESPONSES
