@@ -23,7 +23,7 @@ import httpx
 from vramlab.contract import FINISHED, Isolation, Result, SnapshotResult, Status
 
 from app.core.units import human_bytes
-from app.schemas.results import SweepRow
+from app.sweeps.schemas import SweepRow
 
 TERMINAL = tuple(str(s) for s in Status if s in FINISHED)
 FULL_ID = 36

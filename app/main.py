@@ -14,34 +14,33 @@ from fastapi.middleware.cors import CORSMiddleware
 from prometheus_client import CollectorRegistry
 from sqlalchemy.exc import SQLAlchemyError
 
-from app import errors
+from app.access import endpoints as signin
+from app.access import tokens as auth
+from app.api import docs, health
 from app.api.body_limit import BodyLimit
 from app.api.edge import Edge
+from app.api.metrics import QueueCollector
 from app.api.openapi import TAGS, operation_id
-from app.api.routes import (
-    catalog,
-    compare,
-    docs,
-    experiments,
-    fits,
-    health,
-    presets,
-    results,
-    signin,
-    snapshots,
-    sweeps,
-    traces,
-    ui,
-    worker_protocol,
-    workers,
-)
+from app.catalog import endpoints as catalog
+from app.compare import endpoints as compare
+from app.core import errors
 from app.core.config import Settings, get_settings
 from app.core.db import Database
+from app.core.signals import Replicas, WorkSignal
+from app.experiments import endpoints as experiments
+from app.experiments import predictor as predictor_service
+from app.figures import endpoints as results
+from app.fits import endpoints as fits
+from app.fits import engine as fit_engine
 from app.models.base import utcnow
-from app.services import auth, fit_engine, reaper
-from app.services import predictor as predictor_service
-from app.services.metrics import QueueCollector
-from app.services.signals import Replicas, WorkSignal
+from app.presets import endpoints as presets
+from app.queue import endpoints as worker_protocol
+from app.queue import reaper
+from app.queue import workers_endpoints as workers
+from app.snapshots import endpoints as snapshots
+from app.sweeps import endpoints as sweeps
+from app.traces import endpoints as traces
+from app.ui import endpoints as ui
 
 log = logging.getLogger("vramlab")
 
@@ -116,7 +115,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="1.0.0",
         summary="Run GPU memory experiments with PyTorch and read what was measured.",
         lifespan=lifespan,
-        # /docs is served from local files (app/api/routes/docs.py); ReDoc needs a CDN.
+        # /docs is served from local files (app/api/docs.py); ReDoc needs a CDN.
         docs_url=None,
         redoc_url=None,
         # Every failure can take the one error shape; document it on every operation.

@@ -27,11 +27,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.core.config import Settings  # noqa: E402
-from app.errors import InvalidSpec  # noqa: E402
-from app.schemas.results import SweepIn  # noqa: E402
-from app.schemas.spec import ExperimentSpec  # noqa: E402
-from app.services import sweeps  # noqa: E402
-from app.services.specs import accept  # noqa: E402
+from app.core.errors import InvalidSpec  # noqa: E402
+from app.experiments.spec_schemas import ExperimentSpec  # noqa: E402
+from app.experiments.specs import accept  # noqa: E402
+from app.sweeps import service as sweeps  # noqa: E402
+from app.sweeps.schemas import SweepIn  # noqa: E402
 
 LIGHT = {"op": "add", "shape": [8, 8], "dtype": "float32", "device": "cpu"}
 

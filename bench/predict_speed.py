@@ -1,6 +1,6 @@
 """How long a model prediction takes on this machine (no GPU), per preset, warm.
 
-The predictor runs in a warm child beside the API (app/services/predictor.py); this
+The predictor runs in a warm child beside the API (app/experiments/predictor.py); this
 times ``workers.models.predict.predict`` the same way, after one warm-up call, and
 prints each preset's seconds beside the 2 s goal for an 8B-shaped model:
 

@@ -18,9 +18,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.plots import html
-from app.services import bands, replay
-from app.services.figures import timeline_chart
+from app.figures import bands, html
+from app.figures.service import timeline_chart
+from app.traces import replay
 from tests.results.trace_data import many_events
 
 

@@ -1,6 +1,6 @@
 """Decoding stored trace lines, side by side: the standard library's json, orjson (when
 installed; not a vramlab dependency) and msgspec decoding only the fields the memory_viz
-export reads (what ``app.services.viz_records`` does), on bench/trace_export.py's
+export reads (what ``app.traces.viz_records`` does), on bench/trace_export.py's
 synthetic trace.
 
     python bench/trace_decode.py [--events 1000000] [--repeat 3]
@@ -18,7 +18,7 @@ from typing import Any
 
 from trace_export import synthetic
 
-from app.services import viz_records
+from app.traces import viz_records
 
 
 def blocks(n_events: int, size: int = 2**20) -> list[bytes]:

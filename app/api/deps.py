@@ -20,14 +20,17 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from app.access import sessions
+from app.access import tokens as auth
 from app.api import origins
 from app.core.config import Settings
 from app.core.db import Database
-from app.errors import Forbidden, Unauthorized
+from app.core.errors import Forbidden, Unauthorized
+from app.core.signals import WorkSignal
+from app.experiments import service as experiments
 from app.models import Experiment
-from app.services import auth, experiments, sessions, workers
-from app.services.reaper import Nudge
-from app.services.signals import WorkSignal
+from app.queue import workers
+from app.queue.reaper import Nudge
 
 READ_METHODS = ("GET", "HEAD", "OPTIONS")
 SESSION_COOKIE = "vramlab_session"

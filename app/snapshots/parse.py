@@ -1,7 +1,7 @@
 """Turn a PyTorch memory snapshot file into vramlab's trace and a summary, in a child.
 
 Run as ``python -m app.snapshots.parse SRC OUT [--max-expanded N] [--chunk-events N]
-[--device N]`` by ``app.services.snapshots`` under memory and CPU limits, so a hostile or
+[--device N]`` by ``app.snapshots.service`` under memory and CPU limits, so a hostile or
 huge input can only kill this process. It never imports torch and never resolves a
 global (``safe_pickle``). It writes into OUT:
 

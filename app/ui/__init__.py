@@ -1,1 +1,1 @@
-"""The web pages' Jinja2 templates (rendered by app/api/routes/ui.py)."""
+"""The web pages' Jinja2 templates (rendered by app/ui/endpoints.py)."""

@@ -11,9 +11,9 @@ from datetime import timedelta
 import httpx
 import pytest
 
+from app.access import sessions
 from app.models import ApiToken
 from app.models.base import utcnow
-from app.services import sessions
 from tests.api.test_auth import bearer, create_token
 from tests.conftest import LiveServer, make_settings
 from tests.e2e.procs import env_for

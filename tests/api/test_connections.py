@@ -8,8 +8,8 @@ import httpx
 import psycopg
 import pytest
 
+from app.core import signals
 from app.core.db import Database
-from app.services import signals
 from tests.conftest import ENGINES, LiveServer, make_settings
 from tests.helpers import ADD, claim, register, submit
 

@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from app.catalog.scenario import MAX_TENSOR_STEPS
-from app.services import specs, sweeps
+from app.experiments import specs
+from app.sweeps import service as sweeps
 from tests.api.test_auth import bearer, create_token
 from tests.conftest import LiveServer, make_settings
 from tests.helpers import ADD

@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from app.core.config import normalise_database_url
-from app.services import queue
+from app.queue import service as queue
 from tests.conftest import Clock, LiveServer, make_settings
 from tests.helpers import CUDA_CAPS, claim, register, submit
 

@@ -4,8 +4,8 @@ an imported snapshot) would give it: stacking, naming, grouping, thinning, ticks
 import random
 from typing import Any
 
-from app.plots import ticks
-from app.services import bands, replay
+from app.figures import bands, ticks
+from app.traces import replay
 from tests.results.trace_data import many_events
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from app.services import viz_records
+from app.traces import viz_records
 from tests.results.trace_data import events, many_events
 
 

@@ -9,7 +9,7 @@ what was measured on GPUs (cuBLAS's workspaces: one per thread that runs matmuls
 
 Run as ``python -m workers.models.predict``: a server of JSON lines on stdin/stdout,
 one request ``{"id", "params", "device"}`` and one answer per line, for the API's warm
-predictor child (app/services/predictor.py). The API never imports torch.
+predictor child (app/experiments/predictor.py). The API never imports torch.
 """
 
 from __future__ import annotations

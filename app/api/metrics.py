@@ -1,0 +1,62 @@
+"""Prometheus metrics, read from the database at scrape time.
+
+The queue lives in the database, so its gauges are counted there on each scrape: every
+API replica reports the same figures, and nothing is kept in process memory.
+"""
+
+from collections.abc import Callable, Iterator
+from datetime import datetime
+
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy import func, select
+from vramlab.contract import Status
+
+from app.core.config import Settings
+from app.core.db import Database
+from app.models import Experiment
+from app.queue import workers
+
+
+class QueueCollector(Collector):
+    def __init__(self, db: Database, settings: Settings, clock: Callable[[], datetime]) -> None:
+        self.db = db
+        self.settings = settings
+        self.clock = clock
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        experiments = GaugeMetricFamily(
+            "vramlab_experiments", "Experiments by status", labels=["status"]
+        )
+        failures = GaugeMetricFamily(
+            "vramlab_experiments_failed", "Failed experiments by error type", labels=["type"]
+        )
+        live_workers = GaugeMetricFamily(
+            "vramlab_workers_live", "Workers that sent a heartbeat lately"
+        )
+        imported = GaugeMetricFamily("vramlab_snapshots", "Imported memory snapshots")
+        with self.db.session(write=False) as s:
+            by_status = dict(
+                s.execute(
+                    select(Experiment.status, func.count())
+                    .where(Experiment.kind == "experiment")
+                    .group_by(Experiment.status)
+                ).all()
+            )
+            snapshots = s.scalar(select(func.count()).where(Experiment.kind == "snapshot"))
+            by_error = s.execute(
+                select(Experiment.error_type, func.count())
+                .where(Experiment.status == Status.FAILED)
+                .group_by(Experiment.error_type)
+            ).all()
+            live = workers.count_live(s, self.clock(), self.settings.worker_live_seconds)
+        for status in Status:
+            experiments.add_metric([status], by_status.get(status, 0))
+        for error_type, n in by_error:
+            failures.add_metric([error_type or "unknown"], n)
+        live_workers.add_metric([], live)
+        imported.add_metric([], snapshots or 0)
+        yield experiments
+        yield imported
+        yield failures
+        yield live_workers

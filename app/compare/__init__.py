@@ -1,0 +1,1 @@
+"""Experiments side by side: their figures and overlaid timelines."""

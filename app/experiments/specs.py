@@ -1,0 +1,203 @@
+"""Turning a submitted spec into an accepted one: catalog checks, limits, requirements.
+
+This is the CPU-bound part of a submit (a scenario is planned step by step), so callers
+do it before they open the write transaction that queues the result.
+"""
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from vramlab.contract import Isolation
+
+from app.catalog import CatalogError, get_op, parse_device, plan_spec
+from app.catalog.dtypes import DTYPES
+from app.catalog.scenario import SCENARIO, ScenarioPlan, plan_scenario
+from app.core.config import Settings
+from app.core.errors import InvalidSpec
+from app.core.units import human_bytes
+from app.experiments import predictor as predictor_service
+from app.experiments.spec_schemas import ExperimentSpec
+
+MODEL_OP = "model"
+DISABLED = "not predicted: model predictions are off on this service (VRAMLAB_MODEL_PREDICTIONS)"
+
+
+@dataclass(frozen=True)
+class AcceptedSpec:
+    spec: ExperimentSpec  # params filled, device canonical, tags each once
+    device_type: str
+    gpus_needed: int  # how many GPUs a worker needs: the highest cuda index named, plus one
+    prediction: dict[str, Any]
+    plan_steps: int = 0  # steps a scenario's planning ran one by one (0: one op, or cached)
+
+    @property
+    def gpu_name(self) -> str | None:
+        return self.spec.requirements.gpu_name
+
+    @property
+    def min_memory_bytes(self) -> int | None:
+        return self.spec.requirements.min_memory_bytes
+
+
+# Scenario plans by (steps as JSON, dtype, device): a sweep whose points share their steps
+# plans them once.
+PlanCache = dict[tuple[str, str, str], ScenarioPlan]
+
+
+@dataclass(frozen=True)
+class _Planned:
+    params: dict[str, Any]
+    total_bytes: int
+    devices: tuple[str, ...]
+    prediction: dict[str, Any]
+    planned: int = 0
+
+
+def _plan(spec: ExperimentSpec, device: str, cache: PlanCache | None) -> _Planned:
+    """One op's plan, or a scenario's from its steps (``op: "scenario"``)."""
+    if spec.op == SCENARIO.name:
+        if spec.steps is None:
+            raise CatalogError("steps", "a scenario needs steps")
+        params = SCENARIO.check_params(spec.params)
+        key = (json.dumps(spec.steps, sort_keys=True), spec.dtype, device)
+        cached = cache.get(key) if cache is not None else None
+        scenario = cached or plan_scenario(spec.steps, spec.dtype, device)
+        if cache is not None:
+            cache[key] = scenario
+        planned = 0 if cached else scenario.planned
+        return _Planned(
+            params, scenario.total_bytes, scenario.devices, scenario.prediction, planned
+        )
+    if spec.steps is not None:
+        raise CatalogError("steps", f"only op 'scenario' takes steps, not {spec.op!r}")
+    params, plan = plan_spec(spec.op, tuple(spec.shape), spec.params, spec.dtype, device)
+    return _Planned(params, plan.total_bytes, plan.devices, plan.prediction(device))
+
+
+def _predict_model(
+    spec: ExperimentSpec, params: dict[str, Any], device: str, settings: Settings
+) -> dict[str, Any]:
+    """A model spec's predicted peak, categories and caveats (prediction fields), or a
+    caveat saying why there is none; 422 when its predicted peak passes the service's cap
+    (unless ``capacity_bytes`` already bounds the run below the cap)."""
+    device_type = "cpu" if device == "cpu" else "cuda"
+    predictor = (
+        predictor_service.shared(settings.model_predict_timeout_s, settings.model_predict_wait_s)
+        if settings.model_predictions
+        else None
+    )
+    if predictor is None:
+        why = predictor_service.UNAVAILABLE if settings.model_predictions else DISABLED
+        return {"caveats": [why]}
+    try:
+        answer = predictor.predict(params, device_type)
+    except CatalogError as exc:
+        raise InvalidSpec(exc.field, exc.message) from None
+    capacity = params.get("capacity_bytes")
+    bounded = capacity is not None and capacity <= settings.max_experiment_bytes
+    if answer.peak_allocated is None:
+        return {"caveats": list(answer.caveats)}
+    if answer.peak_allocated > settings.max_experiment_bytes and not bounded:
+        raise InvalidSpec(
+            "params",
+            f"the step is predicted to peak at {human_bytes(answer.peak_allocated)} "
+            f"({answer.peak_allocated} bytes); this service allows at most "
+            f"{human_bytes(settings.max_experiment_bytes)} (VRAMLAB_MAX_EXPERIMENT_BYTES). "
+            f"Make it smaller (batch_size, seq_len, checkpointing, precision) or set "
+            f"capacity_bytes to bound the run",
+        )
+    return {
+        "peak_allocated": answer.peak_allocated,
+        "peak_reserved": answer.peak_reserved,
+        "categories": answer.categories,
+        "caveats": list(answer.caveats),
+    }
+
+
+def accept(
+    spec: ExperimentSpec,
+    settings: Settings,
+    cache: PlanCache | None = None,
+    predict_models: bool = True,
+) -> AcceptedSpec:
+    """Check a spec against the catalog and the limits; raise InvalidSpec naming every
+    field that is wrong (all at once, so a client fixes them in one go).
+
+    ``cache`` lets a sweep plan each distinct scenario once (``plan_steps`` is then 0 for
+    the points that reuse a plan).
+    """
+    problems: list[tuple[str, str]] = []
+    try:
+        entry = get_op(spec.op)
+        if "diagnostic" in entry.tags and not settings.diagnostic_ops:
+            problems.append(("op", f"op {spec.op!r} is a diagnostic op, off on this service"))
+    except CatalogError as exc:
+        problems.append((exc.field, exc.message))
+    if spec.dtype not in DTYPES:
+        problems.append(("dtype", f"unknown dtype {spec.dtype!r}; allowed: {', '.join(DTYPES)}"))
+    device = "cpu"
+    if spec.device is None:
+        problems.append(("device", "no device chosen"))  # callers resolve it first
+    else:
+        try:
+            kind, index = parse_device(spec.device)
+            device = "cpu" if kind == "cpu" else f"cuda:{index}"
+        except ValueError as exc:
+            problems.append(("device", str(exc)))
+    if spec.repeat > settings.max_repeat:
+        problems.append(("repeat", f"must be <= {settings.max_repeat}"))
+    if spec.timeout_s > settings.max_timeout_s:
+        problems.append(("timeout_s", f"must be <= {settings.max_timeout_s:g}"))
+    allocator_set = sorted(spec.allocator.model_dump(exclude_none=True))
+    if spec.isolation == Isolation.SHARED and allocator_set:
+        named = ", ".join(f"allocator.{k}" for k in allocator_set)
+        problems.append(
+            (
+                "isolation",
+                f"'shared' runs in a process whose caching allocator has already started, and "
+                f"its settings are fixed when it starts; this spec sets {named}: leave them "
+                f"out, or use isolation 'clean'",
+            )
+        )
+    if problems:
+        raise InvalidSpec(*problems[0], *problems[1:])
+    try:
+        plan = _plan(spec, device, cache)
+    except CatalogError as exc:
+        raise InvalidSpec(exc.field, exc.message) from None
+
+    if plan.total_bytes > settings.max_experiment_bytes:
+        raise InvalidSpec(
+            "steps" if spec.steps is not None else "shape",
+            f"the tensors would take {human_bytes(plan.total_bytes)}; this service allows at most "
+            f"{human_bytes(settings.max_experiment_bytes)} (VRAMLAB_MAX_EXPERIMENT_BYTES)",
+        )
+    prediction = plan.prediction
+    if spec.op == MODEL_OP:
+        if (plan.params.get("capacity_bytes") or 0) > settings.max_experiment_bytes:
+            raise InvalidSpec(
+                "params.capacity_bytes",
+                f"the emulated card ({human_bytes(plan.params['capacity_bytes'])}) is larger "
+                f"than this service's cap on an experiment, "
+                f"{human_bytes(settings.max_experiment_bytes)} (VRAMLAB_MAX_EXPERIMENT_BYTES), "
+                f"which would stop the run first; raise the cap or use a smaller capacity",
+            )
+        extra = (
+            _predict_model(spec, plan.params, device, settings)
+            if predict_models
+            else {"caveats": ["not predicted: a sweep's model points are measured only"]}
+        )
+        caveats = [*prediction.get("caveats", []), *extra.pop("caveats")]
+        prediction = {**prediction, **extra, "caveats": caveats}
+    cuda_indexes = [parse_device(d)[1] for d in plan.devices if d.startswith("cuda")]
+    # Tags as stored: each once, in the order given.
+    tags = list(dict.fromkeys(spec.tags))
+    accepted = spec.model_copy(update={"params": plan.params, "device": device, "tags": tags})
+    return AcceptedSpec(
+        spec=accepted,
+        device_type="cuda" if cuda_indexes else "cpu",
+        gpus_needed=max(cuda_indexes) + 1 if cuda_indexes else 0,
+        prediction=prediction,
+        plan_steps=plan.planned,
+    )

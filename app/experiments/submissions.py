@@ -1,0 +1,54 @@
+"""Queuing one experiment for a request (POST /v1/experiments), in one trip to the
+thread pool.
+
+FastAPI runs each synchronous dependency, the handler, the commit and the check of the
+answer in a trip of its own to the thread pool, and on a busy machine a trip costs about
+what a statement does. Here the caller's look-up, the device, planning, the quota, the
+insert and the commit run together, in the order that keeps each bound: nothing is
+planned for a caller who is refused, and planning runs before the write transaction
+(on SQLite, the caller and the device are read in a short read session first, so that
+the write slot is held for the quota and the insert alone).
+"""
+
+from collections.abc import Callable
+from datetime import datetime
+
+from sqlalchemy.orm import Session
+
+from app.access import tokens as auth
+from app.core.config import Settings
+from app.core.db import Database
+from app.core.signals import WorkSignal
+from app.experiments import service as experiments
+from app.experiments.schemas import ExperimentOut
+from app.experiments.spec_schemas import ExperimentSpec
+from app.experiments.specs import accept
+
+
+def submit(
+    db: Database,
+    caller: Callable[[Session], auth.Principal],
+    spec: ExperimentSpec,
+    settings: Settings,
+    signal: WorkSignal,
+    now: datetime,
+    idempotency_key: str | None,
+) -> tuple[ExperimentOut, bool]:
+    """Queue ``spec`` for the caller (``caller`` looks them up and checks their scope)
+    and commit; the answer, and whether it replays an earlier submit with the same
+    Idempotency-Key."""
+    with db.session() as s:
+        with db.reads_before_writing(s) as read:
+            who = caller(read)
+            auth.check_priority(who, spec.priority, settings)
+            spec = experiments.with_device(read, spec, settings, now)
+        accepted = accept(spec, settings)
+        return experiments.submit_once(
+            s,
+            accepted,
+            settings,
+            signal,
+            now,
+            submitted_by=who.id,
+            idempotency_key=idempotency_key,
+        )

@@ -1,0 +1,1 @@
+"""Presets: named experiments that answer a question, queued in one call."""

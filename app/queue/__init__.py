@@ -1,0 +1,3 @@
+"""The queue and the worker protocol: claims, leases, heartbeats, reports, the reaper and the
+workers' liveness.
+"""

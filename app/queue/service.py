@@ -1,0 +1,320 @@
+"""The queue: claims as leases, heartbeats, outcomes, expiry. The database is the queue.
+
+Every state change is one conditional UPDATE on the status it expects (and, once
+claimed, the lease token), and the row count says whether it happened: nothing reads a
+row, decides in Python and writes it back, so two changes that race (a cancel and a
+claim, a late report and an expiry) cannot both win.
+
+No transaction here ever waits for a row another one holds while it holds rows of its
+own in another order, so PostgreSQL finds no deadlock between them. A claim takes its
+candidates with ``FOR UPDATE SKIP LOCKED`` in the claim order (one fixed order: that of
+the index ``ix_experiments_claim``) and passes rows that others hold; it never settles
+expired leases itself. Expired leases are settled by the API's housekeeping task alone
+(app/queue/reaper.py, which a claim that finds nothing nudges): it too takes the
+expired rows with ``SKIP LOCKED``, in the order of their ids, and a row held by a
+heartbeat or an outcome is left for its next round. Calls on claimed experiments lock
+the experiments first and the worker's row last. On SQLite the write transaction holds
+the database's write lock (``BEGIN IMMEDIATE``) and none of this arises. A requeued
+experiment goes to the back of its priority (``available_at``), so one that kills its
+workers is not retaken first every time.
+"""
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, Select, delete, func, select, update
+from sqlalchemy.orm import Session
+from vramlab.contract import ErrorType, ReportVerdict, Status
+
+from app.access.tokens import Principal
+from app.core.config import Settings
+from app.core.errors import ApiError, LeaseLost
+from app.models import Experiment, Result, TraceChunk, Worker
+from app.queue import workers
+from app.queue.schemas import OutcomeRequest, ReportItem
+
+# Expired leases settled in one statement at most (a round settles them all, in slices).
+EXPIRE_SLICE = 500
+_NO_LEASE: dict[str, Any] = {"lease_token": None, "lease_expires_at": None}
+
+
+@dataclass(frozen=True)
+class Claim:
+    experiment: Experiment
+    lease_token: str
+
+
+def transition(
+    session: Session,
+    experiment_id: str,
+    expected: Status,
+    token: str | None = None,
+    **values: Any,
+) -> bool:
+    """Compare-and-set: change the experiment only if it is still ``expected`` (and
+    leased under ``token`` when given). True if it changed."""
+    stmt = update(Experiment).where(Experiment.id == experiment_id, Experiment.status == expected)
+    if token is not None:
+        stmt = stmt.where(Experiment.lease_token == token)
+    result = session.execute(stmt.values(**values).execution_options(synchronize_session=False))
+    return cast(CursorResult[Any], result).rowcount == 1
+
+
+def _reload(session: Session, experiment_id: str) -> Experiment:
+    stmt = select(Experiment).where(Experiment.id == experiment_id)
+    exp = session.scalars(stmt.execution_options(populate_existing=True)).one()
+    return exp
+
+
+def _lease_lost(session: Session, experiment_id: str) -> LeaseLost:
+    status = session.scalar(select(Experiment.status).where(Experiment.id == experiment_id))
+    return LeaseLost(
+        f"this lease no longer owns experiment {experiment_id} (it is {status or 'gone'}); "
+        "drop the work: another attempt owns it or it has ended"
+    )
+
+
+def _locked_in_order(session: Session, stmt: Select[Any]) -> Select[Any]:
+    """On PostgreSQL, the rows ``stmt`` selects, locked, passing those another transaction
+    holds (``stmt`` fixes the order they are taken in); SQLite's write lock holds them all."""
+    if session.get_bind().dialect.name == "postgresql":
+        return stmt.with_for_update(skip_locked=True, of=Experiment)
+    return stmt
+
+
+def expire_leases(session: Session, now: datetime, max_attempts: int) -> int:
+    """Expired leases: cancel what was being cancelled, fail what used every attempt as
+    `lost`, and put the rest at the back of the queue. Returns how many were settled.
+
+    The reaper's work alone. The rows are taken in the order of their ids, passing any
+    that another transaction holds (a heartbeat or an outcome that raced the expiry: the
+    next round sees it again if it still needs settling), so this never waits on a row."""
+    settled = 0
+    while True:
+        stmt = (
+            select(Experiment.id)
+            .where(Experiment.status == Status.RUNNING, Experiment.lease_expires_at < now)
+            .order_by(Experiment.id)
+            .limit(EXPIRE_SLICE)
+        )
+        ids = list(session.scalars(_locked_in_order(session, stmt)))
+        if not ids:
+            return settled
+        expired = (Experiment.id.in_(ids), Experiment.status == Status.RUNNING)
+        for where, values in (
+            (
+                (Experiment.cancel_requested.is_(True),),
+                {"status": Status.CANCELLED, "finished_at": now},
+            ),
+            (
+                (Experiment.attempts >= max_attempts,),
+                {
+                    "status": Status.FAILED,
+                    "finished_at": now,
+                    "error_type": ErrorType.LOST,
+                    "error_message": (
+                        f"the worker's lease expired {max_attempts} time(s): "
+                        "its worker died or lost contact while running it"
+                    ),
+                    "error_hint": (
+                        "a crash that takes the worker down repeats; check the worker's log"
+                    ),
+                },
+            ),
+            ((), {"status": Status.QUEUED, "worker_id": None, "available_at": now}),
+        ):
+            stmt_u = update(Experiment).where(*expired, *where).values(**values, **_NO_LEASE)
+            result = session.execute(stmt_u.execution_options(synchronize_session=False))
+            settled += cast(CursorResult[Any], result).rowcount
+        if len(ids) < EXPIRE_SLICE:
+            return settled
+
+
+def next_candidates(capabilities: dict[str, Any], limit: int = 1) -> Select[Any]:
+    """The queued experiments a worker with these capabilities takes next, in the order
+    of the index ``ix_experiments_claim``."""
+    return (
+        select(Experiment.id)
+        .where(Experiment.status == Status.QUEUED, workers.runnable_clause(capabilities))
+        .order_by(Experiment.priority.desc(), Experiment.available_at, Experiment.id)
+        .limit(limit)
+    )
+
+
+def next_candidate(capabilities: dict[str, Any]) -> Select[Any]:
+    return next_candidates(capabilities, 1)
+
+
+def claim_many(
+    session: Session, worker: Worker, settings: Settings, now: datetime, limit: int
+) -> list[Claim]:
+    """Up to ``limit`` experiments for this worker, in the claim order, each leased under
+    one new token (the claim's). Rows another claim holds are passed, never waited for;
+    expired leases are the reaper's (a claim that finds nothing nudges it)."""
+    workers.seen(session, worker.id, now)
+    ids = list(
+        session.scalars(_locked_in_order(session, next_candidates(worker.capabilities, limit)))
+    )
+    if not ids:
+        return []
+    token = secrets.token_hex(16)
+    stmt = (
+        update(Experiment)
+        .where(Experiment.id.in_(ids), Experiment.status == Status.QUEUED)
+        .values(
+            status=Status.RUNNING,
+            attempts=Experiment.attempts + 1,
+            lease_token=token,
+            lease_expires_at=now + timedelta(seconds=settings.lease_seconds),
+            worker_id=worker.id,
+            started_at=now,
+        )
+    )
+    session.execute(stmt.execution_options(synchronize_session=False))
+    # A trace left by an earlier attempt whose lease expired belongs to no result.
+    session.execute(delete(TraceChunk).where(TraceChunk.experiment_id.in_(ids)))
+    taken = select(Experiment).where(Experiment.id.in_(ids), Experiment.lease_token == token)
+    rows = session.scalars(taken.execution_options(populate_existing=True)).all()
+    order = {exp_id: i for i, exp_id in enumerate(ids)}
+    return [Claim(exp, token) for exp in sorted(rows, key=lambda e: order[e.id])]
+
+
+def claim(session: Session, worker: Worker, settings: Settings, now: datetime) -> Claim | None:
+    got = claim_many(session, worker, settings, now, 1)
+    return got[0] if got else None
+
+
+def owned(session: Session, experiment_id: str, token: str) -> Experiment:
+    """The running experiment this token leases, locked for the rest of the transaction
+    (a guard for work that is not a state change, such as storing a trace chunk)."""
+    stmt = select(Experiment).where(Experiment.id == experiment_id)
+    if session.get_bind().dialect.name == "postgresql":
+        stmt = stmt.with_for_update()
+    exp = session.scalars(stmt).first()
+    if exp is None or exp.status != Status.RUNNING or exp.lease_token != token:
+        raise _lease_lost(session, experiment_id)
+    return exp
+
+
+def heartbeat(
+    session: Session, experiment_id: str, token: str, settings: Settings, now: datetime
+) -> Experiment:
+    """Extend the lease; the reply carries whether a cancel was asked for."""
+    if not transition(
+        session,
+        experiment_id,
+        Status.RUNNING,
+        token,
+        lease_expires_at=now + timedelta(seconds=settings.lease_seconds),
+    ):
+        raise _lease_lost(session, experiment_id)
+    exp = _reload(session, experiment_id)
+    if exp.worker_id is not None:
+        workers.seen(session, exp.worker_id, now)
+    return exp
+
+
+def release(session: Session, experiment_id: str, token: str, now: datetime) -> Experiment:
+    """A worker gives work back unrun (it is shutting down): no attempt is counted."""
+    worker_id = session.scalar(select(Experiment.worker_id).where(Experiment.id == experiment_id))
+    if not transition(
+        session,
+        experiment_id,
+        Status.RUNNING,
+        token,
+        status=Status.QUEUED,
+        attempts=Experiment.attempts - 1,
+        worker_id=None,
+        **_NO_LEASE,
+    ):
+        raise _lease_lost(session, experiment_id)
+    if worker_id is not None:
+        workers.seen(session, worker_id, now)
+    return _reload(session, experiment_id)
+
+
+def finish(
+    session: Session, experiment_id: str, req: OutcomeRequest, now: datetime, *, seen: bool = True
+) -> Experiment:
+    """Store the outcome under its lease. ``seen=False``: the caller marks the worker seen
+    once it has stored every outcome of a batch (the worker's row is locked last)."""
+    values: dict[str, Any] = {"status": req.status, "finished_at": now, **_NO_LEASE}
+    if req.error is not None:
+        values |= {
+            "error_type": req.error.type,
+            "error_message": req.error.message,
+            "error_hint": req.error.hint,
+            "error_details": req.error.details,
+        }
+    if not transition(session, experiment_id, Status.RUNNING, req.lease_token, **values):
+        raise _lease_lost(session, experiment_id)
+    # The transaction rolls back on this refusal: the lease stays and the worker may retry.
+    if req.trace_events:
+        stored = session.scalar(
+            select(func.coalesce(func.sum(TraceChunk.n_events), 0)).where(
+                TraceChunk.experiment_id == experiment_id
+            )
+        )
+        if stored != req.trace_events:
+            raise ApiError(
+                f"trace_events: the outcome says {req.trace_events} events but "
+                f"{stored} were uploaded under this lease; upload every chunk first",
+                details=[{"field": "trace_events", "message": f"{stored} stored"}],
+            )
+    exp = _reload(session, experiment_id)
+    if req.result is not None:
+        data = req.result.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        exp.result = Result(worker_id=exp.worker_id, attempt=exp.attempts, data=data)
+    if seen and exp.worker_id is not None:
+        workers.seen(session, exp.worker_id, now)
+    return exp
+
+
+@dataclass(frozen=True)
+class Verdict:
+    experiment_id: str
+    verdict: ReportVerdict
+    status: str | None = None
+    error: str | None = None
+
+
+def finish_many(
+    session: Session, items: Sequence[ReportItem], who: Principal, now: datetime
+) -> list[Verdict]:
+    """Store a batch of outcomes, each on its own: one whose lease was lost, or that
+    another token's worker claimed, or that does not hold up is refused and changes
+    nothing (a savepoint each); the others are stored. Verdicts in the items' order.
+
+    The experiments are locked in the order of their ids and the workers' rows after
+    them all, the order of every other call on claimed experiments."""
+    verdicts: dict[int, Verdict] = {}
+    workers_seen: set[str] = set()
+    for i in sorted(range(len(items)), key=lambda i: items[i].experiment_id):
+        item = items[i]
+        exp_id = item.experiment_id
+        if not workers.may_act_for_claim(session, exp_id, who):
+            verdicts[i] = Verdict(
+                exp_id,
+                ReportVerdict.REFUSED,
+                error=f"forbidden: experiment {exp_id} was claimed by another token's worker",
+            )
+            continue
+        try:
+            with session.begin_nested():
+                exp = finish(session, exp_id, item, now, seen=False)
+                session.flush()
+        except LeaseLost as exc:
+            verdicts[i] = Verdict(exp_id, ReportVerdict.LEASE_LOST, error=exc.message)
+            continue
+        except ApiError as exc:
+            verdicts[i] = Verdict(exp_id, ReportVerdict.REFUSED, error=f"{exc.type}: {exc.message}")
+            continue
+        verdicts[i] = Verdict(exp_id, ReportVerdict.STORED, status=exp.status)
+        if exp.worker_id is not None:
+            workers_seen.add(exp.worker_id)
+    for worker_id in sorted(workers_seen):
+        workers.seen(session, worker_id, now)
+    return [verdicts[i] for i in range(len(items))]

@@ -1,0 +1,105 @@
+"""What the API says about an imported memory snapshot."""
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from app.figures.schemas import BlockOut, PeakMoment
+
+
+class SnapshotBlock(BlockOut):
+    category: str = Field(default="", description="the inferred category (see categories)")
+
+
+class CategoryOut(BaseModel):
+    category: str = Field(
+        description="parameters, gradients, optimizer_state, activations, temporaries or other"
+    )
+    bytes: int = Field(description="bytes of the blocks alive at the peak in this category")
+    blocks: int
+    rule: str = Field(description="the rule that put blocks here")
+    inference: bool = Field(
+        default=True, description="always true: inferred from stacks and lifetimes"
+    )
+
+
+class SegmentRow(BaseModel):
+    address: int | None
+    total_size: int
+    allocated: int
+    free: int
+    largest_free_block: int
+    blocks: int
+    segment_type: str
+    stream: int | None
+    is_expandable: bool
+
+
+class SegmentsOut(BaseModel):
+    """What the allocator held when the snapshot was taken."""
+
+    count: int
+    reserved: int
+    allocated: int
+    free: int
+    largest_free_block: int
+    fragmentation: float = Field(
+        description="1 - largest free block / free bytes: 0 when free memory is one block"
+    )
+    reserved_by_type: dict[str, int]
+    largest: list[SegmentRow] = Field(description="the largest segments")
+
+
+class OomOut(BaseModel):
+    seq: int
+    t_us: float
+    requested: int
+    device_free: int | None
+    frames: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class SnapshotOut(BaseModel):
+    id: str
+    kind: str = "snapshot"
+    name: str
+    tags: list[str]
+    status: str
+    created_at: datetime
+    submitted_by: str | None = None
+    file_bytes: int = Field(description="the uploaded file's size")
+    sha256: str
+    gzipped: bool
+    device: str
+    entries: int = Field(description="trace entries of the chosen device")
+    events: int = Field(description="events stored (entries plus blocks from before the trace)")
+    time_recorded: bool = Field(description="false for snapshots whose entries carry no time")
+    pre_trace: dict[str, int] = Field(
+        description="blocks and segments that existed before the trace's first entry"
+    )
+    memory: dict[str, int | None] = Field(description="replayed from the trace")
+    counters: dict[str, int] | None = Field(
+        default=None, description="PyTorch's own counters, where the recorder saved them"
+    )
+    peak: PeakMoment | None
+    alive_count: int
+    alive_at_peak: list[SnapshotBlock]
+    largest: list[SnapshotBlock]
+    categories: list[CategoryOut]
+    segments: SegmentsOut
+    ooms: list[OomOut]
+    oom_count: int
+    devices: list[dict[str, int]]
+    environment: dict[str, Any]
+    allocator_settings: dict[str, Any]
+    import_cost: dict[str, float | int | None] = Field(
+        default_factory=dict,
+        alias="import",
+        description="what parsing cost: wall and CPU seconds, the parser's peak RSS (the "
+        "largest of any child of the API so far), the pickle's bytes once decompressed",
+    )
+
+
+class SnapshotPage(BaseModel):
+    items: list[SnapshotOut]
+    next_cursor: str | None

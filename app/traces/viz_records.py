@@ -1,0 +1,214 @@
+"""Stored trace lines as memory_viz entries, a block of lines at a time, column by column.
+
+The common block (no frames, values of the expected JSON types, known actions) is decoded
+by msgspec into only the fields the format reads, held as numpy columns, and written as
+fixed-layout pickle records: every entry is the same opcodes with its numbers in the same
+places, so a block's entries are one array filled column by column, not objects built and
+pickled one by one. The state the export keeps (blocks alive, segments, frees requested)
+is updated from the last event of each address in the block.
+
+``decode`` returns None for any other block, before anything changes; the export then
+takes the general path (``memory_viz``), which gives the same entries event by event.
+"""
+
+from collections import deque
+from dataclasses import dataclass
+from itertools import repeat
+from typing import Annotated, Any
+
+import msgspec
+import numpy as np
+
+from app.traces import viz_rows
+from app.traces.replay import FREES, SEGMENT_GROWS, SEGMENT_SHRINKS
+from app.traces.viz_pickle import ACTIONS, BINGET, EMPTY_DICT, EMPTY_LIST, MARK, SETITEMS, SLOT
+
+BATCH = viz_rows.BATCH  # entries per MARK ... APPENDS: a bounded stack in the unpickler
+_TIME_EXACT = 2**53  # larger times would not survive the float column exactly
+
+
+class _Event(msgspec.Struct, gc=False):
+    """The fields of a stored event that the format reads; the others are skipped. A
+    block with frames, or with events from before an imported trace, does not decode."""
+
+    action: str | None = None
+    addr: int | None = None
+    size: int | None = None
+    stream: int | None = None
+    t_us: int | float | None = None
+    frames: Annotated[list[Any], msgspec.Meta(max_length=0)] | None = None
+    pre_trace: None = None
+
+
+DECODER = msgspec.json.Decoder(_Event)
+
+# Action codes: the snapshot's actions, then ours that become one of them or nothing.
+_NAMES: tuple[str | None, ...] = (*ACTIONS, "free", "mark", None)
+_CODE = {name: i for i, name in enumerate(_NAMES)}
+_SKIPPED = _CODE["mark"]  # this code and those after it write no entry
+# The memo slot of the action each code writes ("free" is written "free_completed").
+_OUT_SLOT = np.array(
+    [SLOT["free_completed" if n in FREES else n] if n in SLOT or n in FREES else 0 for n in _NAMES],
+    np.uint8,
+)
+
+
+def _table(names: tuple[str | None, ...]) -> np.ndarray:
+    """Whether each code is one of ``names``: indexed by a code column, a mask."""
+    return np.array([n in names for n in _NAMES], bool)
+
+
+_ALLOC, _FREE, _REQUESTED = _table(("alloc",)), _table(FREES), _table(("free_requested",))
+_GROW, _SHRINK = _table(SEGMENT_GROWS), _table(SEGMENT_SHRINKS)
+
+
+def _ref(word: str) -> bytes:
+    return BINGET + bytes([SLOT[word]])
+
+
+# An entry: ``{"action": <memo>, "addr": <int>, "size": <int>, "stream": <int>,
+# "time_us": <int>, "frames": []}``.
+_ENTRY: viz_rows.Spec = (
+    EMPTY_DICT + MARK + _ref("action") + BINGET,
+    ("byte", "action"),
+    _ref("addr"),
+    ("int", "addr"),
+    _ref("size"),
+    ("int", "size"),
+    _ref("stream"),
+    ("int", "stream"),
+    _ref("time_us"),
+    ("int", "time"),
+    _ref("frames") + EMPTY_LIST + SETITEMS,
+)
+
+
+@dataclass
+class Columns:
+    """A block's events, one array a field (addr 0 where it was null)."""
+
+    code: np.ndarray
+    addr: np.ndarray
+    no_addr: np.ndarray
+    size: np.ndarray
+    stream: np.ndarray
+    time: np.ndarray
+
+
+def decode(block: bytes) -> Columns | None:
+    """``block`` (whole NDJSON lines) as columns, or None where the general path must
+    take it: frames (or a free whose block may have them), events from before an
+    imported trace, a value of another type than the fast path reads, an action of no
+    known kind, a free of no address, a number past 64 bits."""
+    try:
+        events = DECODER.decode_lines(block)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return None
+    code = np.array(list(map(_CODE.get, [e.action for e in events], repeat(-1))), np.int8)
+    addrs = [e.addr for e in events]
+    no_addr = np.zeros(len(addrs), bool)
+    if None in addrs:
+        no_addr = np.array([a is None for a in addrs], bool)
+        addrs = [0 if a is None else a for a in addrs]
+    try:
+        addr = np.array(addrs, np.int64)
+        size = np.array(_or_zero([e.size for e in events]), np.int64)
+        stream = np.array(_or_zero([e.stream for e in events]), np.int64)
+        t_us = np.array([e.t_us for e in events], np.float64)  # a null is NaN
+    except OverflowError:
+        return None
+    if (code < 0).any() or (no_addr & (_FREE[code] | _REQUESTED[code])).any():
+        return None
+    t_us[np.isnan(t_us)] = 0
+    if (np.abs(t_us) >= _TIME_EXACT).any():
+        return None
+    return Columns(code, addr, no_addr, size, stream, t_us.astype(np.int64))  # int() truncates
+
+
+def _or_zero(values: list[int | None]) -> list[int]:
+    """``int(value or 0)`` for ints or nulls; a list without a null is given back."""
+    return [v or 0 for v in values] if None in values else values  # type: ignore[return-value]
+
+
+def _pop_all(d: dict[Any, Any], keys: list[Any]) -> None:
+    deque(map(d.pop, keys, repeat(None)), maxlen=0)  # the loop in C
+
+
+def _last(keys: np.ndarray) -> np.ndarray:
+    """The position of the last occurrence of each distinct key."""
+    _, first_from_end = np.unique(keys[::-1], return_index=True)
+    return len(keys) - 1 - first_from_end
+
+
+def apply(
+    c: Columns,
+    live: dict[Any, tuple[int, Any, Any]],
+    segments: dict[int, tuple[int, Any]],
+    pending: set[Any],
+) -> np.ndarray:
+    """Update the state with the block's events; return where a free has no
+    free_requested before it (CPU traces have only the free: the export adds one)."""
+    has_addr = ~c.no_addr
+    is_alloc, is_free, is_requested = _ALLOC[c.code], _FREE[c.code], _REQUESTED[c.code]
+    # Blocks: what the last alloc or free of each address left.
+    touched = np.flatnonzero((is_alloc | is_free) & has_addr)
+    if touched.size:
+        last = touched[_last(c.addr[touched])]
+        _pop_all(live, c.addr[last[is_free[last]]].tolist())
+        born = last[is_alloc[last]]
+        values = zip(c.size[born].tolist(), c.stream[born].tolist(), repeat(None), strict=False)
+        live.update(zip(c.addr[born].tolist(), values, strict=True))
+    # Segments, the same way.
+    is_grow = _GROW[c.code]
+    touched = np.flatnonzero((is_grow | _SHRINK[c.code]) & has_addr)
+    if touched.size:
+        last = touched[_last(c.addr[touched])]
+        _pop_all(segments, c.addr[last[~is_grow[last]]].tolist())
+        grown = last[is_grow[last]]
+        sizes = zip(c.size[grown].tolist(), c.stream[grown].tolist(), strict=True)
+        segments.update(zip(c.addr[grown].tolist(), sizes, strict=True))
+    # Frees requested: a free completes one if the address's previous request or free
+    # (in this block, else before it) was a request.
+    touched = np.flatnonzero(is_requested | is_free)
+    if not touched.size:
+        return touched
+    order = touched[np.argsort(c.addr[touched], kind="stable")]  # by address, then in order
+    keys = c.addr[order]
+    first = np.ones(len(order), bool)
+    first[1:] = keys[1:] != keys[:-1]
+    requested_before = np.empty(len(order), bool)
+    requested_before[1:] = is_requested[order[:-1]]
+    # The first event of each address asks the set from earlier blocks, which holds only
+    # requests not yet freed: one set operation finds those of this block's addresses.
+    carried = pending.intersection(keys[first].tolist()) if pending else set()
+    requested_before[first] = np.isin(keys[first], np.array(list(carried), np.int64))
+    unrequested = order[is_free[order] & ~requested_before]
+    ends = order[np.append(first[1:], True)]
+    ends_freed = ends[is_free[ends]]
+    if carried and ends_freed.size:
+        pending.difference_update(carried.intersection(c.addr[ends_freed].tolist()))
+    pending.update(c.addr[ends[is_requested[ends]]].tolist())
+    return unrequested
+
+
+def entries(c: Columns, unrequested: np.ndarray) -> bytes:
+    """The block's entries as opcodes that append them to the list on the unpickler's
+    stack, a free_requested written before each free in ``unrequested``."""
+    kept = np.flatnonzero(c.code < _SKIPPED)
+    if not kept.size:
+        return b""
+    doubled = np.zeros(len(c.code), np.int64)
+    doubled[unrequested] = 1
+    copies = 1 + doubled[kept]
+    source = np.repeat(kept, copies)
+    slots = _OUT_SLOT[c.code[source]]
+    if unrequested.size:
+        slots[(np.cumsum(copies) - copies)[copies == 2]] = SLOT["free_requested"]
+    columns = {
+        "action": slots,
+        "addr": c.addr[source],
+        "size": c.size[source],
+        "stream": c.stream[source],
+        "time": c.time[source],
+    }
+    return viz_rows.appended(_ENTRY, columns, len(source))
