@@ -8,6 +8,7 @@ from vramlab.contract import MEMORY_KEYS, Figure, Result, SnapshotResult, Status
 from app.compare.schemas import CompareItem, CompareOut
 from app.core.errors import InvalidSpec
 from app.experiments import service as experiments
+from app.experiments import views as experiment_views
 from app.figures.chart import human_bytes
 from app.figures.service import label
 from app.models import Experiment
@@ -104,7 +105,7 @@ def compare(exps: list[Experiment]) -> CompareOut:
             kind=e.kind,
             status=Status(e.status),
             label=label(e),
-            spec=experiments.to_out(e).spec.model_dump(),
+            spec=experiment_views.to_out(e).spec.model_dump(),
             figures=figures(e),
             shared_process_figures=list(
                 e.measured.shared_process_figures() if isinstance(e.measured, Result) else ()

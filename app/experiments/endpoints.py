@@ -19,6 +19,7 @@ from app.api.deps import (
 from app.core.errors import ERROR_RESPONSES
 from app.experiments import service as experiments
 from app.experiments import submissions
+from app.experiments import views as experiment_views
 from app.experiments.schemas import ExperimentOut, ExperimentPage
 from app.experiments.spec_schemas import ExperimentSpec
 
@@ -90,7 +91,7 @@ def list_experiments(
 ) -> ExperimentPage:
     filters = experiments.Filters(status, op, device, tag, worker_id, id_prefix, kind)
     rows, next_cursor = experiments.page(s, filters, limit, cursor)
-    return ExperimentPage(items=[experiments.to_out(e) for e in rows], next_cursor=next_cursor)
+    return ExperimentPage(items=[experiment_views.to_out(e) for e in rows], next_cursor=next_cursor)
 
 
 @router.get(
@@ -110,4 +111,4 @@ def read(exp: ExperimentDep, s: SessionDep, settings: SettingsDep, now: NowDep) 
     dependencies=[require("submit")],
 )
 def cancel(exp: ExperimentDep, s: SessionDep, now: NowDep) -> ExperimentOut:
-    return experiments.to_out(experiments.cancel(s, exp, now))
+    return experiment_views.to_out(experiments.cancel(s, exp, now))

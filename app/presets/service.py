@@ -10,6 +10,7 @@ from app.core.config import Settings
 from app.core.errors import Conflict, InvalidSpec, NotFound
 from app.core.signals import WorkSignal
 from app.experiments import service as experiments
+from app.experiments import views as experiment_views
 from app.experiments.schemas import ExperimentOut
 from app.experiments.spec_schemas import ExperimentSpec
 from app.experiments.specs import accept
@@ -65,4 +66,4 @@ def queue(
         session, accepted, settings, signal, now, submitted_by=submitted_by, preset=name
     )
     queue = experiments.queue_info(session, accepted, settings, now)
-    return experiments.queued_out(row, accepted, queue)
+    return experiment_views.queued_out(row, accepted, queue)

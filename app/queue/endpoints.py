@@ -32,7 +32,7 @@ from app.core.config import Settings
 from app.core.db import Database
 from app.core.errors import ERROR_RESPONSES
 from app.core.signals import WorkSignal, wait_for
-from app.experiments import service as experiments
+from app.experiments import views as experiment_views
 from app.models import Experiment
 from app.queue import service as queue
 from app.queue import workers
@@ -67,7 +67,7 @@ WORKER_APART = [require("worker", apart=True)]
 def spec_for_worker(exp: Experiment, settings: Settings) -> dict[str, object]:
     # The byte cap goes with the spec: the worker holds the run to it, not only the plan.
     return {
-        **experiments.run_fields(exp),
+        **experiment_views.run_fields(exp),
         "prediction": exp.prediction,
         "memory_limit_bytes": settings.max_experiment_bytes,
     }

@@ -48,7 +48,7 @@ KIND = "snapshot"
 # Where the parser's imports live: the server's packages and the contract's (the client's
 # folder, in a checkout).
 _IMPORT_ROOTS = tuple(
-    dict.fromkeys(str(Path(m.__file__).resolve().parents[1]) for m in (app, vramlab))
+    dict.fromkeys(str(Path(m.__path__[0]).resolve().parent) for m in (app, vramlab))
 )
 log = logging.getLogger("vramlab.snapshots")
 

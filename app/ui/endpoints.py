@@ -22,6 +22,7 @@ from app.compare import service as compare
 from app.core.errors import ApiError, Conflict, NotFound
 from app.core.units import human_bytes
 from app.experiments import service as experiments
+from app.experiments import views as experiment_views
 from app.figures import html
 from app.figures import service as figures
 from app.figures.chart import busy_range
@@ -37,7 +38,7 @@ TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parent / "tem
 # A missing figure is an empty cell, never Python's "None".
 TEMPLATES.env.finalize = lambda value: "" if value is None else value
 TEMPLATES.env.filters["bytes"] = lambda n: "" if n is None else human_bytes(n)
-TEMPLATES.env.globals["off_prediction"] = experiments.off_prediction
+TEMPLATES.env.globals["off_prediction"] = experiment_views.off_prediction
 # The charts' script, without its tag: base.html wraps it in one that carries the CSP nonce.
 TEMPLATES.env.globals["chart_js"] = (
     html.SCRIPT.strip().removeprefix("<script>").removesuffix("</script>")
@@ -74,7 +75,7 @@ def index(
     return _page(
         request,
         "index.html",
-        items=[experiments.to_out(e) for e in rows],
+        items=[experiment_views.to_out(e) for e in rows],
         next_cursor=next_cursor,
         filters={"status": status or "", "op": op or "", "device": device or "", "tag": tag or ""},
         statuses=list(Status),
