@@ -69,9 +69,19 @@ def _store(
     tags: list[str],
     who: Principal,
     now: Any,
+    program_exit: int | None,
 ) -> SnapshotOut:
     with db.session() as s:
-        exp = snapshots.store(s, upload, parsed, name=name, tags=tags, submitted_by=who.id, now=now)
+        exp = snapshots.store(
+            s,
+            upload,
+            parsed,
+            name=name,
+            tags=tags,
+            submitted_by=who.id,
+            now=now,
+            program_exit=program_exit,
+        )
         s.flush()
         return snapshots.to_out(s, exp)
 
@@ -93,6 +103,16 @@ async def import_snapshot(
     name: Annotated[str, Query(min_length=1, max_length=200)] = "snapshot",
     tag: Annotated[list[Tag] | None, Query(max_length=32)] = None,
     device: Annotated[int | None, Query(ge=0, le=63, description="default: the busiest")] = None,
+    program_exit: Annotated[
+        int | None,
+        Query(
+            ge=-64,
+            le=255,
+            description="how the recorded program ended (`vramlab record` sends it): its exit "
+            "status, or minus the signal that killed it; anything but 0 marks the snapshot "
+            "partial",
+        ),
+    ] = None,
 ) -> SnapshotOut:
     """Send the file as the body or as a form's `file` field:
 
@@ -120,7 +140,7 @@ async def import_snapshot(
         try:
             parsed = await run_in_threadpool(snapshots.parse, upload, settings, device)
             return await run_in_threadpool(
-                _store, db, upload, parsed, name, list(tag or []), who, now
+                _store, db, upload, parsed, name, list(tag or []), who, now, program_exit
             )
         finally:
             snapshots.discard(upload)

@@ -3,7 +3,7 @@
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 from app.figures.schemas import BlockOut, PeakMoment
 
@@ -92,12 +92,26 @@ class SnapshotOut(BaseModel):
     devices: list[dict[str, int]]
     environment: dict[str, Any]
     allocator_settings: dict[str, Any]
+    program_exit: int | None = Field(
+        default=None,
+        description="how the recorded program ended, where the recorder said: its exit "
+        "status, or minus the signal that killed it",
+    )
     import_cost: dict[str, float | int | None] = Field(
         default_factory=dict,
         alias="import",
         description="what parsing cost: wall and CPU seconds, the parser's peak RSS (the "
         "largest of any child of the API so far), the pickle's bytes once decompressed",
     )
+
+
+    @computed_field(  # type: ignore[prop-decorator]
+        description="true when the recorded program did not end well (program_exit not 0): "
+        "the snapshot holds the run up to its failure, not a whole run"
+    )
+    @property
+    def partial(self) -> bool:
+        return self.program_exit not in (None, 0)
 
 
 class SnapshotPage(BaseModel):

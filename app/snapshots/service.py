@@ -290,10 +290,13 @@ def store(
     tags: list[str],
     submitted_by: str | None,
     now: datetime,
+    program_exit: int | None = None,
 ) -> Experiment:
     """The snapshot as a finished experiment, its trace chunk by chunk (one file in memory
-    at a time), its segments, in the caller's transaction."""
+    at a time), its segments, in the caller's transaction. ``program_exit``: how the
+    recorded program ended, where the recorder said (not 0: the snapshot is partial)."""
     summary = dict(parsed.summary)
+    summary["program_exit"] = program_exit
     chunks = summary.pop("chunks")
     has_frames = bool(summary["largest"] and summary["largest"][0].get("frames"))
     exp = Experiment(

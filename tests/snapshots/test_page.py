@@ -107,3 +107,22 @@ def test_the_timeline_zooms_to_where_memory_changes(client: httpx.Client) -> Non
     busy = imported(client, gzip.compress(dumps(training_snapshot(iterations=3, layers=4))))
     page = client.get(f"/ui/snapshots/{busy['id']}").text
     assert 'id="timeline-range"' not in page
+
+
+def test_a_snapshot_of_a_program_that_failed_is_marked_partial(client: httpx.Client) -> None:
+    body = dumps(training_snapshot(iterations=1, layers=2))
+    whole = imported(client, body, name="ok", program_exit=0)
+    assert (whole["program_exit"], whole["partial"]) == (0, False)
+    assert 'id="partial"' not in client.get(f"/ui/snapshots/{whole['id']}").text
+    unsaid = imported(client, body, name="upload")  # a plain upload says nothing of it
+    assert (unsaid["program_exit"], unsaid["partial"]) == (None, False)
+    for code, says in ((1, "exited with status 1"), (-9, "was killed by signal 9")):
+        out = imported(client, body, name="failed", program_exit=code)
+        assert (out["program_exit"], out["partial"]) == (code, True)
+        assert client.get(f"/v1/snapshots/{out['id']}").json()["partial"] is True
+        page = client.get(f"/ui/snapshots/{out['id']}").text
+        partial = page[page.index('id="partial"') :]
+        assert says in partial[: partial.index("</p>")]
+    for bad in (256, -65, "x"):
+        refused = client.post("/v1/snapshots", params={"program_exit": bad}, content=body)
+        assert refused.status_code == 422, refused.text
