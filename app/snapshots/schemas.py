@@ -104,7 +104,6 @@ class SnapshotOut(BaseModel):
         "largest of any child of the API so far), the pickle's bytes once decompressed",
     )
 
-
     @computed_field(  # type: ignore[prop-decorator]
         description="true when the recorded program did not end well (program_exit not 0): "
         "the snapshot holds the run up to its failure, not a whole run"
