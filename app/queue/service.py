@@ -144,10 +144,6 @@ def next_candidates(capabilities: dict[str, Any], limit: int = 1) -> Select[Any]
     )
 
 
-def next_candidate(capabilities: dict[str, Any]) -> Select[Any]:
-    return next_candidates(capabilities, 1)
-
-
 def claim_many(
     session: Session, worker: Worker, settings: Settings, now: datetime, limit: int
 ) -> list[Claim]:

@@ -203,7 +203,7 @@ def test_worker_state_follows_its_lease(client: httpx.Client) -> None:
 @pytest.mark.parametrize("database_url", ["postgres"], indirect=True)
 def test_the_claim_order_is_read_from_an_index(database_url: str) -> None:
     engine = create_engine(normalise_database_url(database_url))
-    query = queue.next_candidate(CUDA_CAPS).compile(engine, compile_kwargs={"literal_binds": True})
+    query = queue.next_candidates(CUDA_CAPS).compile(engine, compile_kwargs={"literal_binds": True})
     try:
         with engine.connect() as conn:
             conn.execute(text("SET enable_seqscan = off"))  # an empty table: force the choice
