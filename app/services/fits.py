@@ -15,9 +15,9 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, and_, or_, select, update
 from sqlalchemy.orm import Session
 from vramlab.contract import FitStatus, Status
+from vramlab.units import human_bytes
 
 from app.core.config import Settings
-from app.core.units import human_bytes
 from app.errors import Conflict, InvalidSpec
 from app.models import Experiment, Fit, Worker
 from app.plots.chart import Chart, Line

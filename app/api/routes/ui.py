@@ -14,10 +14,10 @@ from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 from vramlab.contract import Status
+from vramlab.units import human_bytes
 
 from app.api.deps import ExperimentDep, NowDep, SessionDep, SettingsDep, SignalDep, require
 from app.api.routes.catalog import listing as catalog_listing
-from app.core.units import human_bytes
 from app.errors import ApiError, Conflict, NotFound
 from app.plots import html
 from app.plots.chart import busy_range
