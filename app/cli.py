@@ -227,7 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.set_defaults(func=cmd_up)
 
-    from app import client_cli  # submit, show, ls, trace, sweep, compare: HTTP clients
+    from vramlab import cli as client_cli  # submit, show, ls, record…: the client's commands
 
     client_cli.register(sub)
     return parser

@@ -28,8 +28,7 @@ from typing import Any
 import psutil
 import torch
 from vramlab.contract import ErrorType
-
-from app.core.units import human_bytes
+from vramlab.units import human_bytes
 
 # Room past the cap on the CPU for what the child needs besides the experiment's tensors
 # (profiler events, library workspaces, building the report).

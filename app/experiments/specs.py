@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramlab.contract import Isolation
+from vramlab.units import human_bytes
 
 from app.catalog import CatalogError, get_op, parse_device, plan_spec
 from app.catalog.dtypes import DTYPES
 from app.catalog.scenario import SCENARIO, ScenarioPlan, plan_scenario
 from app.core.config import Settings
 from app.core.errors import InvalidSpec
-from app.core.units import human_bytes
 from app.experiments import predictor as predictor_service
 from app.experiments.spec_schemas import ExperimentSpec
 

@@ -5,7 +5,7 @@ import itertools
 import unicodedata
 from dataclasses import dataclass, field
 
-from app.core.units import human_bytes as human_bytes  # the one formatter, re-exported
+from vramlab.units import human_bytes as human_bytes  # the one formatter, re-exported
 
 
 @dataclass(frozen=True)

@@ -15,11 +15,11 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, and_, or_, select, update
 from sqlalchemy.orm import Session
 from vramlab.contract import FitStatus, Status
+from vramlab.units import human_bytes
 
 from app.core import cursors, ids
 from app.core.config import Settings
 from app.core.errors import Conflict, InvalidSpec
-from app.core.units import human_bytes
 from app.experiments import service as experiments
 from app.figures.chart import Chart, Line
 from app.fits import search as fit_search

@@ -14,7 +14,8 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from app.core.units import human_bytes
+from vramlab.units import human_bytes
+
 from app.traces.replay import FREES, SEGMENT_GROWS, SEGMENT_SHRINKS
 
 Event = dict[str, Any]

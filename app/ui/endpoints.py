@@ -14,13 +14,13 @@ from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
 from vramlab.contract import Status
+from vramlab.units import human_bytes
 
 from app.access.tokens import Principal
 from app.api.deps import ExperimentDep, NowDep, SessionDep, SettingsDep, SignalDep, require
 from app.catalog.endpoints import listing as catalog_listing
 from app.compare import service as compare
 from app.core.errors import ApiError, Conflict, NotFound
-from app.core.units import human_bytes
 from app.experiments import service as experiments
 from app.experiments import views as experiment_views
 from app.figures import html

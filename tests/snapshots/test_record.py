@@ -87,7 +87,8 @@ def test_what_the_bootstrap_adds_is_plain_data() -> None:
     from collections import OrderedDict
 
     torch = pytest.importorskip("torch")
-    from app.recorder_boot.sitecustomize import plain
+    from vramlab.recorder_boot.sitecustomize import plain
+
     from app.snapshots import safe_pickle
 
     added = {"environment": {"torch": torch.__version__}, "stats": [OrderedDict(a=1)]}

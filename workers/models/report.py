@@ -11,8 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from vramlab.contract import Category, ModelFigures, ModelStep, PhasePeak
-
-from app.core.units import human_bytes
+from vramlab.units import human_bytes
 
 RAW = "model_run"
 MiB = 2**20

@@ -4,13 +4,12 @@ memory capacity, over HTTP (``/v1/fits``), like the other client commands."""
 import argparse
 import re
 import sys
-import time
 from typing import Any
 
-import httpx
-from vramlab.contract import FIT_VARIES, FitStatus
-
-from app import client_cli as cli
+from vramlab.commands.common import client_of, reported, value
+from vramlab.errors import ClientError
+from vramlab.names import FIT_VARIES, FitStatus
+from vramlab.render import print_json, progress_bar, size, status_line, table
 
 _UNITS = {
     "": 1,
@@ -41,50 +40,40 @@ def _overrides(text: str) -> dict[str, Any]:
     """``checkpointing=true,micro_batches=2``: one variant's param overrides."""
     out: dict[str, Any] = {}
     for item in text.split(","):
-        key, eq, value = item.partition("=")
+        key, eq, given = item.partition("=")
         if not eq or not key.strip():
-            raise cli.ClientError(f"--variant {text!r}: write KEY=VALUE[,KEY=VALUE...]")
-        out[key.strip()] = cli._value(value.strip())
+            raise ClientError(f"--variant {text!r}: write KEY=VALUE[,KEY=VALUE...]")
+        out[key.strip()] = value(given.strip())
     return out
 
 
-def body_of(args: argparse.Namespace) -> dict[str, Any]:
-    params: dict[str, Any] = {"model": args.model, "task": args.task}
-    for key, value in (
+def _params(args: argparse.Namespace) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    for key, given in (
         ("seq_len", args.seq),
         ("batch_size", args.batch),
         ("optimizer", args.optimizer),
         ("precision", args.precision),
     ):
-        if value is not None:
-            params[key] = value
+        if given is not None:
+            params[key] = given
     for item in args.param or []:
         params.update(_overrides(item))
-    spec: dict[str, Any] = {"op": "model", "shape": [], "params": params}
-    if args.device:
-        spec["device"] = args.device
-    body: dict[str, Any] = {
-        "spec": spec,
-        "vary": args.vary,
-        "variants": [{}, *(_overrides(v) for v in args.variant or [])],
-    }
-    if args.capacity is not None:
-        body["capacity_bytes"] = args.capacity
-    if args.gpu:
-        body["requirements"] = {"gpu_name": args.gpu}
-    if args.max is not None:
-        body["max_value"] = args.max
-    return body
+    return params
 
 
-def _progress(fit: dict[str, Any]) -> str:
+def _progress(fit: dict[str, Any], _elapsed: float) -> None:
+    status_line(_bar(fit))
+
+
+def _bar(fit: dict[str, Any]) -> str:
     variants = fit["variants"]
     done = sum(v["state"] in ("done", "failed", "cancelled") for v in variants)
     trials = [t for v in variants for t in v["trials"]]
     running = sum(t["status"] in ("queued", "running") for t in trials)
-    return cli._progress_bar(
-        done, len(variants), {"trials": len(trials), "waiting": running}
-    ).replace(f"{done}/{len(variants)}", f"{done}/{len(variants)} variants")
+    return progress_bar(done, len(variants), {"trials": len(trials), "waiting": running}).replace(
+        f"{done}/{len(variants)}", f"{done}/{len(variants)} variants"
+    )
 
 
 def show(fit: dict[str, Any]) -> None:
@@ -92,7 +81,7 @@ def show(fit: dict[str, Any]) -> None:
     print(
         f"fit {fit['id']}: {fit['status']}, the largest {vary} of "
         f"{fit['spec'].get('params', {}).get('model')} that fits "
-        f"{cli._bytes(fit['capacity_bytes'])} ({fit['capacity_source']})"
+        f"{size(fit['capacity_bytes'])} ({fit['capacity_source']})"
     )
     if fit.get("error"):
         print(f"  {fit['error']}")
@@ -113,38 +102,37 @@ def show(fit: dict[str, Any]) -> None:
             )
         )
     headers = ["#", "variant", "state", f"max {vary}", "first failing", "predicted"]
-    print(cli.table([*headers, "prediction error", "trials", "note"], rows))
-
-
-def _wait(client: httpx.Client, fit: dict[str, Any], poll: float) -> dict[str, Any]:
-    while not FitStatus(fit["status"]).finished:
-        time.sleep(poll)
-        fit = cli._check(client.get(f"/v1/fits/{fit['id']}"))
-        cli._status_line(_progress(fit))
-    sys.stderr.write("\n")
-    return fit
+    print(table([*headers, "prediction error", "trials", "note"], rows))
 
 
 def cmd_fit(args: argparse.Namespace) -> int:
-    with cli._client(args) as client:
-        fit = cli._check(client.post("/v1/fits", json=body_of(args)))
+    with client_of(args) as client:
+        fit = client.fit(
+            args.model,
+            vary=args.vary,
+            task=args.task,
+            params=_params(args),
+            variants=[_overrides(v) for v in args.variant or []],
+            device=args.device,
+            capacity_bytes=args.capacity,
+            gpu=args.gpu,
+            max_value=args.max,
+        )
         if args.wait:
-            fit = _wait(client, fit, args.poll)
+            fit = client.wait_fit(fit, args.poll, _progress)
+            sys.stderr.write("\n")
     if args.json:
-        cli._print_json(fit)
+        print_json(fit)
     else:
         show(fit)
     return 0 if fit["status"] != FitStatus.FAILED else 1
 
 
 def cmd_fits(args: argparse.Namespace) -> int:
-    with cli._client(args) as client:
-        params: dict[str, Any] = {"limit": args.limit}
-        if args.status:
-            params["status"] = args.status
-        page = cli._check(client.get("/v1/fits", params=params))
+    with client_of(args) as client:
+        page = client.fits(args.status, args.limit)
     if args.json:
-        cli._print_json(page)
+        print_json(page)
         return 0
     rows = [
         (
@@ -152,33 +140,34 @@ def cmd_fits(args: argparse.Namespace) -> int:
             f["status"],
             f["model"],
             f["vary"],
-            cli._bytes(f["capacity_bytes"]),
+            size(f["capacity_bytes"]),
             " ".join("-" if m is None else str(m) for m in f["max_fitting"]),
             f["created_at"][:19],
         )
         for f in page["items"]
     ]
-    print(cli.table(["id", "status", "model", "vary", "capacity", "max", "created"], rows))
+    print(table(["id", "status", "model", "vary", "capacity", "max", "created"], rows))
     return 0
 
 
 def cmd_fit_show(args: argparse.Namespace) -> int:
-    with cli._client(args) as client:
-        fit = cli._check(client.get(f"/v1/fits/{args.id}"))
+    with client_of(args) as client:
+        fit = client.fit_show(args.id)
         if args.wait:
-            fit = _wait(client, fit, args.poll)
+            fit = client.wait_fit(fit, args.poll, _progress)
+            sys.stderr.write("\n")
     if args.json:
-        cli._print_json(fit)
+        print_json(fit)
     else:
         show(fit)
     return 0
 
 
 def cmd_fit_cancel(args: argparse.Namespace) -> int:
-    with cli._client(args) as client:
-        fit = cli._check(client.post(f"/v1/fits/{args.id}/cancel"))
+    with client_of(args) as client:
+        fit = client.fit_cancel(args.id)
     if args.json:
-        cli._print_json(fit)
+        print_json(fit)
     else:
         print(f"fit {fit['id']}: {fit['status']}")
     return 0
@@ -211,19 +200,19 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--max", type=int, help="search no higher than this value")
     p.add_argument("--wait", action="store_true", help="wait with a progress bar")
     p.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)
-    p.set_defaults(func=cli._run(cmd_fit))
+    p.set_defaults(func=reported(cmd_fit))
 
     p = sub.add_parser("fits", parents=[common], help="list fit searches, newest first")
     p.add_argument("--status", choices=list(FitStatus))
     p.add_argument("--limit", type=int, default=20)
-    p.set_defaults(func=cli._run(cmd_fits))
+    p.set_defaults(func=reported(cmd_fits))
 
     p = sub.add_parser("fit-show", parents=[common], help="one fit search (id or prefix)")
     p.add_argument("id")
     p.add_argument("--wait", action="store_true", help="wait with a progress bar")
     p.add_argument("--poll", type=float, default=1.0, help=argparse.SUPPRESS)
-    p.set_defaults(func=cli._run(cmd_fit_show))
+    p.set_defaults(func=reported(cmd_fit_show))
 
     p = sub.add_parser("fit-cancel", parents=[common], help="cancel a fit and its trials")
     p.add_argument("id")
-    p.set_defaults(func=cli._run(cmd_fit_cancel))
+    p.set_defaults(func=reported(cmd_fit_cancel))

@@ -1,0 +1,141 @@
+"""One experiment for people (``vramlab show`` and ``submit --wait``): its status, its
+figures beside the prediction, and a model experiment's steps and categories. Reads the
+API's JSON as plain data (no schema library), in the order the contract defines."""
+
+from typing import Any
+
+from vramlab.names import CATEGORY_KEYS, MEMORY_KEYS, SHARED_PROCESS_FIGURES, Isolation
+from vramlab.render import size, table
+
+# A result's memory figures past the v1 keys, in the contract's order (MemoryFigures).
+EXTRA_MEMORY_KEYS = (
+    "device_used_before",
+    "device_used_after",
+    "pinned_host_before",
+    "pinned_host_after",
+)
+
+
+def said(exp: dict[str, Any]) -> str:
+    """The status as the API words it for people (an expected refusal as the answer)."""
+    return str(exp.get("status_line") or exp["status"])
+
+
+def describe(spec: dict[str, Any]) -> str:
+    """A spec in a few words: a model experiment by its model and knobs."""
+    if spec["op"] == "model":
+        p = spec.get("params") or {}
+        size_ = f" x {p['seq_len']}" if p.get("seq_len") else ""
+        return (
+            f"{p.get('model')} {p.get('task')} batch {p.get('batch_size')}{size_} "
+            f"{p.get('precision')} {spec['device']}"
+        )
+    return f"{spec['op']} {'x'.join(map(str, spec['shape']))} {spec['dtype']} {spec['device']}"
+
+
+def result_of(exp: dict[str, Any]) -> dict[str, Any] | None:
+    """The experiment's result (an imported snapshot's too), or None."""
+    return exp.get("result") or None
+
+
+def is_snapshot(exp: dict[str, Any]) -> bool:
+    return exp.get("kind") == "snapshot"
+
+
+def memory_rows(exp: dict[str, Any], result: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The memory figures in the contract's order (a snapshot has no device extras)."""
+    memory = result.get("memory") or {}
+    keys = MEMORY_KEYS if is_snapshot(exp) else (*MEMORY_KEYS, *EXTRA_MEMORY_KEYS)
+    return [(k, memory.get(k)) for k in keys]
+
+
+def shared_process_figures(exp: dict[str, Any], result: dict[str, Any]) -> tuple[str, ...]:
+    """The figures that depend on what ran earlier in a shared process (none for a clean
+    process, a shared process's first experiment, or a snapshot)."""
+    env = result.get("environment") or {}
+    if is_snapshot(exp) or env.get("isolation") != Isolation.SHARED:
+        return ()
+    return tuple(str(f) for f in SHARED_PROCESS_FIGURES) if env.get("experiments_before") else ()
+
+
+def show_experiment(exp: dict[str, Any]) -> None:
+    spec = exp["spec"]
+    print(f"{exp['id']}  {said(exp)}  {describe(spec)}")
+    for note in exp.get("preset_notes") or []:
+        print(f"note: {note}")
+    if exp.get("error"):
+        what = "PyTorch's refusal" if exp.get("expected_refusal") else "error"
+        print(f"{what}: {exp['error']['type']}: {exp['error']['message']}")
+    result = result_of(exp)
+    if result is None:
+        return
+    prediction = exp.get("prediction") or {}
+    if spec["op"] == "model":  # a model's prediction is its step's peak, not an op's figures
+        figures = {"allocated_peak": "peak_allocated", "reserved_peak": "peak_reserved"}
+        prediction = {
+            **{k: prediction.get(v) for k, v in figures.items()},
+            "peak_allocated": prediction.get("peak_allocated"),
+            "categories": prediction.get("categories"),
+        }
+    shared = shared_process_figures(exp, result)
+    rows = [
+        (f"{k} †" if k in shared else k, size(v), v, size(prediction.get(k)))
+        for k, v in memory_rows(exp, result)
+    ]
+    print(table(["figure", "measured", "bytes", "predicted"], rows))
+    if shared:
+        print(
+            "† a shared-process figure: it starts from what earlier experiments left in the "
+            "shared process, so it depends on that history (--isolation clean: this alone)"
+        )
+    if is_snapshot(exp):
+        return
+    if result.get("model") is not None:
+        show_model(result, prediction)
+    for note in result.get("notes") or []:
+        print(f"- {note}")
+
+
+def show_model(result: dict[str, Any], prediction: dict[str, Any]) -> None:
+    """A model experiment: its steps' phases, and what held memory at the reported peak."""
+    figures = result["model"]
+    print(
+        f"\n{figures['model']} ({figures['model_type']}, {figures['parameter_count']:,} "
+        f"parameters): {figures['task']}, step {figures['reported_step']} peaked at "
+        f"{size(figures['peak_allocated'])} allocated, "
+        f"{size(figures['peak_reserved'])} reserved"
+    )
+    phases = [
+        (
+            s["step"],
+            ph["name"],
+            size(ph["peak_allocated"]),
+            size(ph["peak_reserved"]),
+            f"{ph['wall_s']:.3g}" if ph.get("wall_s") is not None else "",
+        )
+        for s in figures.get("steps") or []
+        for ph in s.get("phases") or []
+    ]
+    print(table(["step", "phase", "peak allocated", "peak reserved", "seconds"], phases))
+    predicted = prediction.get("categories") or {}
+    categories = result.get("categories")
+    if categories is not None:
+        peak = figures["peak_allocated"] or 1
+        measured = {k: categories.get(k, 0) for k in CATEGORY_KEYS}
+        rows = [
+            (k.replace("_", " "), size(v), f"{100 * v / peak:.0f}%", size(predicted.get(k)))
+            for k, v in measured.items()
+            if v or predicted.get(k)
+        ]
+        rows.append(
+            ("total", size(figures["peak_allocated"]), "", size(prediction.get("peak_allocated")))
+        )
+        print(f"\nat step {figures['reported_step']}'s peak, by category:")
+        print(table(["category", "measured", "share", "predicted"], rows))
+    if figures.get("time_per_step_s"):
+        speed = f"{figures['time_per_step_s']:.3g} s a step"
+        if figures.get("tokens_per_s"):
+            speed += f", {figures['tokens_per_s']:,.0f} tokens/s"
+        elif figures.get("samples_per_s"):
+            speed += f", {figures['samples_per_s']:,.1f} samples/s"
+        print(speed)
