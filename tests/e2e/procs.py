@@ -46,6 +46,20 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], seconds: float = 60) -> 
     raise RuntimeError(f"{url} never became ready")
 
 
+def wait_worker(url: str, proc: subprocess.Popen[bytes], name: str, seconds: float = 120) -> None:
+    """Until the worker ``name`` has registered and is live: from then on it has its
+    signal handlers, so a SIGTERM stops it cleanly (before, Python's default kills it)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"worker exited with {proc.returncode}")
+        live = httpx.get(f"{url}/v1/workers", timeout=5).json()
+        if any(w["name"] == name and w["live"] for w in live):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"worker {name} never registered with {url}")
+
+
 def wait_done(client: httpx.Client, exp_id: str, seconds: float = 120) -> dict[str, Any]:
     deadline = time.monotonic() + seconds
     exp: dict[str, Any] = {}

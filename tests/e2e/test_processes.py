@@ -14,7 +14,16 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
-from tests.e2e.procs import VRAMLAB, env_for, kill_group, start, stop, wait_done, wait_ready
+from tests.e2e.procs import (
+    VRAMLAB,
+    env_for,
+    kill_group,
+    start,
+    stop,
+    wait_done,
+    wait_ready,
+    wait_worker,
+)
 from tests.helpers import cuda_available
 
 pytestmark = pytest.mark.slow
@@ -63,6 +72,7 @@ def _service(database_url: str, tmp_path: Path, device: str, **extra: str) -> It
             stdout=(logs / "worker.log").open("wb"),
             stderr=subprocess.STDOUT,
         )
+        wait_worker(url, worker, "e2e")
         yield url
         assert stop(worker) == 0, (logs / "worker.log").read_text()[-3000:]
     finally:
