@@ -232,3 +232,26 @@ def test_record_a_program(with_torch: Path, service: str, tmp_path: Path) -> Non
     assert url.startswith(f"{service}/ui/snapshots/")
     snap = httpx.get(f"{service}/v1/snapshots/{url.rsplit('/', 1)[1]}", timeout=30).json()
     assert snap["name"] == "alone" and snap["gzipped"]
+
+    # The same through the Python API.
+    program = textwrap.dedent(
+        f"""
+        from vramlab import Client
+        with Client() as api:
+            run = api.record(["python", {str(fake)!r}, "4"], name="from python", tags=["x"])
+        print(run.code, run.snapshot["id"])
+        """
+    )
+    done = subprocess.run(
+        [_bin(with_torch, "python"), "-c", program],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    code, snap_id = done.stdout.split()
+    assert code == "4"  # the program's status
+    snap = httpx.get(f"{service}/v1/snapshots/{snap_id}", timeout=30).json()
+    assert snap["name"] == "from python" and sorted(snap["tags"]) == ["failed", "x"]
