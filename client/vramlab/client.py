@@ -31,7 +31,9 @@ Progress = Callable[[dict[str, Any], float], None]
 class Client:
     """One vramlab service, by URL and token; use as a context manager or ``close()``."""
 
-    def __init__(self, api: str | None = None, token: str | None = None, timeout: float = 60):
+    def __init__(
+        self, api: str | None = None, token: str | None = None, timeout: float = 60
+    ) -> None:
         self.api = api or os.environ.get("VRAMLAB_API_URL") or DEFAULT_API
         self.token = token if token is not None else os.environ.get("VRAMLAB_TOKEN")
         headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
@@ -295,7 +297,8 @@ class Client:
     ) -> Recording:
         """Run a program here with PyTorch's allocation history on (``vramlab record``)
         and upload the snapshot it leaves. The program's exit status is the Recording's
-        ``code``; ``snapshot`` is None when it left none (no CUDA)."""
+        ``code``; ``snapshot`` is None when it left none (no CUDA). FileNotFoundError:
+        no such program."""
         with recorder.recorded(argv, stacks, max_entries) as run:
             if run.path is None:
                 return Recording(run.code, None)

@@ -1,0 +1,257 @@
+"""The client distribution alone (client/pyproject.toml, ``vramlab-client``): installed
+into a fresh venv it brings httpx and nothing of the server, and its ``vramlab`` records
+a program and waits for an experiment against a live service (``vramlab up``: the API
+and a CPU worker, started from this checkout the way the README does)."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import free_port
+from tests.e2e.procs import env_for, kill_group, start, stop, wait_ready
+from tests.snapshots.test_record import FAKE_PROGRAM
+
+pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
+SERVER_ONLY = ("fastapi", "sqlalchemy", "pydantic", "alembic", "app", "workers", "migrations")
+
+
+def _bin(venv: Path, name: str) -> str:
+    return str(venv / "bin" / name)
+
+
+def _env(venv: Path, api: str = "http://127.0.0.1:9") -> dict[str, str]:
+    """A user's shell in the venv: nothing of this checkout on the path."""
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("VRAMLAB_", "PYTHON", "VIRTUAL"))
+    }
+    env["PATH"] = os.pathsep.join([str(venv / "bin"), env.get("PATH", "")])
+    env["VRAMLAB_API_URL"] = api
+    return env
+
+
+def _pip(venv: Path, *args: str) -> None:
+    done = subprocess.run(
+        [_bin(venv, "python"), "-m", "pip", "install", "-q", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``pip install ./client`` into a new venv (a copy of the folder, so that the build
+    leaves nothing in the checkout), then torch, as a training environment has it."""
+    root = tmp_path_factory.mktemp("client-alone")
+    venv = root / "venv"
+    try:
+        subprocess.run(
+            [sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300
+        )
+    except (OSError, subprocess.SubprocessError) as exc:
+        pytest.skip(f"cannot make a venv here: {exc}")
+    source = root / "client"
+    shutil.copytree(
+        REPO / "client",
+        source,
+        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"),
+    )
+    _pip(venv, str(source))
+    return venv
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``vramlab up --device cpu`` from this checkout: the API and one CPU worker."""
+    folder = tmp_path_factory.mktemp("client-service")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    up = start(
+        ["up", "--port", str(port), "--device", "cpu"],
+        env_for(f"sqlite:///{folder / 'up.db'}"),
+        folder / "up.log",
+    )
+    try:
+        wait_ready(url, up)
+        yield url
+    finally:
+        stop(up)
+        kill_group(up)
+
+
+def test_the_client_installs_without_the_server(venv: Path, tmp_path: Path) -> None:
+    probe = textwrap.dedent(
+        f"""
+        import importlib, importlib.util, pkgutil, sys
+        import vramlab
+        found = [m for m in {SERVER_ONLY!r} if importlib.util.find_spec(m) is not None]
+        assert not found, f"importable: {{found}}"
+        # Every module of the client imports without them (contract.py is the server's
+        # shapes, pydantic; the boot module runs inside a recorded program).
+        skip = ("vramlab.contract", "vramlab.recorder_boot.sitecustomize")
+        for info in pkgutil.walk_packages(vramlab.__path__, "vramlab."):
+            if info.name not in skip:
+                importlib.import_module(info.name)
+        from vramlab import ApiError, Client, Recording
+        from vramlab.recorder import BOOT
+        assert (BOOT / "sitecustomize.py").is_file(), BOOT
+        print(sorted(m for m in sys.modules if m.split(".")[0] in {SERVER_ONLY!r}))
+        """
+    )
+    done = subprocess.run(
+        [_bin(venv, "python"), "-c", probe],
+        cwd=tmp_path,
+        env=_env(venv),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    helped = subprocess.run(
+        [_bin(venv, "vramlab"), "--help"], env=_env(venv), capture_output=True, text=True
+    )
+    assert helped.returncode == 0, helped.stderr
+    listed = helped.stdout.split("{", 1)[1].split("}", 1)[0].split(",")
+    assert {"submit", "show", "ls", "sweep", "fit", "record"} <= set(listed)
+    assert not {"serve", "up", "worker", "migrate", "token"} & set(listed)  # the server's
+
+
+@pytest.fixture(scope="module")
+def with_torch(venv: Path) -> Path:
+    _pip(venv, "torch==2.13.0")
+    return venv
+
+
+def test_submit_wait_and_the_python_api(with_torch: Path, service: str, tmp_path: Path) -> None:
+    env = _env(with_torch, service)
+    done = subprocess.run(
+        [
+            *(_bin(with_torch, "vramlab"), "submit", "--op", "add", "--shape", "64x64"),
+            *("--device", "cpu", "--wait", "--give-up", "120", "--json"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    exp = json.loads(done.stdout)
+    assert exp["status"] == "succeeded", exp
+    assert exp["result"]["memory"]["delta_allocated"] > 0
+
+    shown = subprocess.run(
+        [_bin(with_torch, "vramlab"), "show", exp["id"][:8]],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert shown.returncode == 0 and "delta_allocated" in shown.stdout, shown.stderr
+
+    program = textwrap.dedent(
+        """
+        from vramlab import ApiError, Client
+        with Client() as api:
+            exp = api.submit({"op": "add", "shape": [32, 32], "device": "cpu"}, wait=True)
+            assert exp["status"] == "succeeded", exp
+            assert api.show(exp["id"][:8])["id"] == exp["id"]
+            try:
+                api.submit({"op": "add", "shape": [-1]})
+            except ApiError as exc:
+                print(exc.status_code, exc.type)
+        """
+    )
+    api = subprocess.run(
+        [_bin(with_torch, "python"), "-c", program],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert api.returncode == 0, api.stderr
+    assert api.stdout.split() == ["422", "validation_error"]
+
+
+def test_record_a_program(with_torch: Path, service: str, tmp_path: Path) -> None:
+    env = _env(with_torch, service)
+    # A program that uses torch: recorded on a GPU; on a CPU the boot says why not.
+    real = tmp_path / "real.py"
+    real.write_text(
+        "import torch\nx = torch.ones(1024, device=DEVICE) * 2\n".replace(
+            "DEVICE", "'cuda' if torch.cuda.is_available() else 'cpu'"
+        )
+    )
+    done = subprocess.run(
+        [_bin(with_torch, "vramlab"), "record", "--", "python", str(real)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    has_cuda = subprocess.run(
+        [_bin(with_torch, "python"), "-c", "import torch; print(torch.cuda.is_available())"],
+        env=env,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    if has_cuda == "True":
+        assert done.returncode == 0, done.stderr
+        assert f"{service}/ui/snapshots/" in done.stdout
+    else:
+        assert "no CUDA device; nothing recorded" in done.stderr
+        assert done.returncode == 1  # it left no snapshot
+
+    # Where there is no GPU: a program that leaves what PyTorch's dump would.
+    fake = tmp_path / "train.py"
+    fake.write_text(FAKE_PROGRAM.format(root=str(REPO)))
+    done = subprocess.run(
+        [_bin(with_torch, "vramlab"), "record", "--name", "alone", "--", "python", str(fake), "0"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    url = done.stdout.strip().splitlines()[-1]
+    assert url.startswith(f"{service}/ui/snapshots/")
+    snap = httpx.get(f"{service}/v1/snapshots/{url.rsplit('/', 1)[1]}", timeout=30).json()
+    assert snap["name"] == "alone" and snap["gzipped"]
+
+    # The same through the Python API.
+    program = textwrap.dedent(
+        f"""
+        from vramlab import Client
+        with Client() as api:
+            run = api.record(["python", {str(fake)!r}, "4"], name="from python", tags=["x"])
+        print(run.code, run.snapshot["id"])
+        """
+    )
+    done = subprocess.run(
+        [_bin(with_torch, "python"), "-c", program],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    code, snap_id = done.stdout.split()
+    assert code == "4"  # the program's status
+    snap = httpx.get(f"{service}/v1/snapshots/{snap_id}", timeout=30).json()
+    assert snap["name"] == "from python" and sorted(snap["tags"]) == ["failed", "x"]
