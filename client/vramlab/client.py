@@ -271,14 +271,23 @@ class Client:
     # -- snapshots and recordings ---------------------------------------------------
 
     def upload_snapshot(
-        self, path: str | Path, name: str | None = None, tags: Sequence[str] = ()
+        self,
+        path: str | Path,
+        name: str | None = None,
+        tags: Sequence[str] = (),
+        program_exit: int | None = None,
     ) -> dict[str, Any]:
         """Upload a PyTorch memory snapshot (``torch.cuda.memory._dump_snapshot``'s
-        pickle), gzipped as it streams; the API's summary of it."""
+        pickle), gzipped as it streams; the API's summary of it. ``program_exit``: how
+        the program that wrote it ended (its exit status, or minus the signal that killed
+        it); anything but 0 marks the snapshot partial."""
         path = Path(path)
+        params: dict[str, Any] = {"name": name or path.name, "tag": list(tags)}
+        if program_exit is not None:
+            params["program_exit"] = program_exit
         response = self.http.post(
             "/v1/snapshots",
-            params={"name": name or path.name, "tag": list(tags)},
+            params=params,
             content=recorder.gzipped(path),
             headers={"Content-Type": "application/octet-stream"},
             timeout=httpx.Timeout(600, connect=10),
@@ -302,5 +311,7 @@ class Client:
         with recorder.recorded(argv, stacks, max_entries) as run:
             if run.path is None:
                 return Recording(run.code, None)
-            snap = self.upload_snapshot(run.path, name or run.name, [*tags, *run.tags])
+            snap = self.upload_snapshot(
+                run.path, name or run.name, [*tags, *run.tags], program_exit=run.code
+            )
         return Recording(run.code, snap)

@@ -89,6 +89,10 @@ def show_experiment(exp: dict[str, Any]) -> None:
             "shared process, so it depends on that history (--isolation clean: this alone)"
         )
     if is_snapshot(exp):
+        code = (result.get("snapshot") or {}).get("program_exit")
+        if code not in (None, 0):
+            how = f"was killed by signal {-code}" if code < 0 else f"exited with status {code}"
+            print(f"partial: the recorded program {how}; this snapshot holds the run until then")
         return
     if result.get("model") is not None:
         show_model(result, prediction)

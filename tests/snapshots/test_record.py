@@ -47,6 +47,11 @@ def _record(server: LiveServer, program: Path, *args: str) -> subprocess.Complet
     )
 
 
+def _cli(server: LiveServer, *args: str) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "app.cli", *args, "--api", server.url]
+    return subprocess.run(command, capture_output=True, text=True, timeout=60)
+
+
 def test_record_uploads_what_the_program_left_and_keeps_its_status(
     server: LiveServer, client: httpx.Client, tmp_path: Path
 ) -> None:
@@ -60,8 +65,13 @@ def test_record_uploads_what_the_program_left_and_keeps_its_status(
     snap = client.get(f"/v1/snapshots/{snap_id}").json()
     assert snap["name"] == "my run" and snap["gzipped"]
     assert sorted(snap["tags"]) == ["failed", "x"]  # the program exited non-zero
+    assert (snap["program_exit"], snap["partial"]) == (3, True)
+    assert "marked partial" in done.stderr
     page = client.get(url)
     assert page.status_code == 200 and "optimizer state" in page.text
+    assert "Partial: the recorded program exited with status 3" in page.text
+    shown = _cli(server, "show", snap_id[:8])
+    assert "partial: the recorded program exited with status 3" in shown.stdout, shown.stderr
 
 
 def test_record_without_cuda_says_so(server: LiveServer, tmp_path: Path) -> None:

@@ -42,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
                 said = f"was stopped by signal {-code}" if code < 0 else f"exited with code {code}"
                 _say(
                     f"the program {said}: the snapshot holds what it recorded "
-                    f"until then (tagged failed)"
+                    f"until then (marked partial, tagged failed)"
                 )
             if args.keep:
                 shutil.copyfile(done.path, args.keep)
@@ -51,7 +51,10 @@ def run(args: argparse.Namespace) -> int:
             try:
                 with client_of(args) as client:
                     snap = client.upload_snapshot(
-                        done.path, args.name or done.name, [*(args.tag or []), *done.tags]
+                        done.path,
+                        args.name or done.name,
+                        [*(args.tag or []), *done.tags],
+                        program_exit=code,
                     )
             except (ClientError, httpx.HTTPError) as exc:
                 _say(f"upload failed: {exc}")
