@@ -28,6 +28,7 @@ from app.figures.responses import FIGURE_RESPONSES, FigureFormat, respond
 from app.figures.schemas import PeakOut
 from app.models import Experiment
 from app.snapshots import service as snapshots
+from app.snapshots import upload as uploads
 from app.snapshots.schemas import SnapshotOut, SnapshotPage
 from app.traces import endpoints as trace_routes
 from app.traces import memory_viz
@@ -63,7 +64,7 @@ SnapshotDep = Annotated[Experiment, Depends(snapshot)]
 
 def _store(
     db: Database,
-    upload: snapshots.Upload,
+    upload: uploads.Upload,
     parsed: snapshots.Parsed,
     name: str,
     tags: list[str],
@@ -134,16 +135,16 @@ async def import_snapshot(
     try:
         if _is_form(request):
             async with request.form(max_files=1, max_fields=16) as form:
-                upload = await snapshots.receive(_form_file(form), settings)
+                upload = await uploads.receive(_form_file(form), settings)
         else:
-            upload = await snapshots.receive(request.stream(), settings)
+            upload = await uploads.receive(request.stream(), settings)
         try:
             parsed = await run_in_threadpool(snapshots.parse, upload, settings, device)
             return await run_in_threadpool(
                 _store, db, upload, parsed, name, list(tag or []), who, now, program_exit
             )
         finally:
-            snapshots.discard(upload)
+            uploads.discard(upload)
     finally:
         gate.release()
 
@@ -160,7 +161,7 @@ async def _form_file(form: FormData) -> AsyncIterator[bytes]:
         files = [k for k, v in form.multi_items() if isinstance(v, UploadFile)]
         if len(files) != 1:
             fields = ", ".join(sorted(set(form.keys()))) or "none"
-            raise snapshots.SnapshotRefused(
+            raise uploads.SnapshotRefused(
                 f"the form has no `file` field with the snapshot file (its fields: {fields}): "
                 "send `-F file=@snap.pickle`, or the file itself as the body "
                 "(`--data-binary @snap.pickle`)"

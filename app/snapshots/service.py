@@ -1,4 +1,4 @@
-"""Importing a PyTorch memory snapshot: received to a temp file, parsed in a bounded
+"""Importing a PyTorch memory snapshot (received by ``upload``): parsed in a bounded
 child process, stored as an experiment of kind ``snapshot`` with its trace in the trace
 table, so every view of an experiment works on it.
 
@@ -8,27 +8,22 @@ gzip chunks one at a time, so its own memory stays flat whatever the snapshot's 
 """
 
 import gzip
-import hashlib
 import json
 import logging
 import os
 import resource
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
-import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import vramlab
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 from vramlab.contract import Status
 
 import app
@@ -42,6 +37,7 @@ from app.figures.service import label
 from app.models import Experiment, ExperimentTag, Result, Snapshot, TraceChunk
 from app.snapshots.categories import telling_frames
 from app.snapshots.schemas import SnapshotOut
+from app.snapshots.upload import SnapshotRefused, Upload
 from app.traces import service as traces
 
 KIND = "snapshot"
@@ -58,130 +54,6 @@ class ParserFailed(ApiError):
 
     status_code = 500
     type = "internal"
-
-
-class SnapshotRefused(ApiError):
-    """The upload is not a snapshot we will read (it names a global, or is not one)."""
-
-    status_code = 422
-    type = "snapshot_refused"
-
-
-@dataclass
-class Upload:
-    folder: Path
-    path: Path
-    size: int
-    sha256: str
-    gzipped: bool
-
-
-GZIP_MAGIC = b"\x1f\x8b"
-# The expansion ratio is checked once this much has come out: a small file may be all
-# repetition without being a bomb.
-RATIO_FLOOR = 2**20
-# Bytes of the body handed to the thread pool at a time (written, or expanded and written).
-_BATCH = 256 * 2**10
-_PIECE = 2**20
-
-
-class _Expander:
-    """Expands a gzip upload (every member) as it arrives, so that a bomb is refused
-    after its first kilobytes rather than once gigabytes have come out: never more than
-    ``ratio`` times the bytes received so far (past ``RATIO_FLOOR``), nor past ``cap``, is
-    decompressed."""
-
-    def __init__(self, ratio: int, cap: int) -> None:
-        self.ratio = ratio
-        self.cap = cap
-        self.gz = zlib.decompressobj(wbits=31)
-        self.received = 0
-        self.expanded = 0
-
-    def feed(self, data: bytes, out: BinaryIO) -> None:
-        self.received += len(data)
-        try:
-            while data:
-                if self.gz.eof:  # the next member of a multi-member file
-                    self.gz = zlib.decompressobj(wbits=31)
-                allowed = min(max(self.ratio * self.received, RATIO_FLOOR), self.cap)
-                block = self.gz.decompress(data, min(allowed - self.expanded + 1, _PIECE))
-                self.expanded += len(block)
-                self._check()
-                out.write(block)
-                data = self.gz.unused_data if self.gz.eof else self.gz.unconsumed_tail
-        except zlib.error as exc:
-            raise SnapshotRefused(f"truncated or bad gzip data: {exc}") from None
-
-    def _check(self) -> None:
-        if self.expanded > self.cap:
-            raise PayloadTooLarge(
-                f"the gzip data expands past {self.cap} bytes (VRAMLAB_MAX_SNAPSHOT_EXPANDED_BYTES)"
-            )
-        if self.expanded > max(self.ratio * self.received, RATIO_FLOOR):
-            raise PayloadTooLarge(
-                f"the gzip data expands more than {self.ratio} times its size "
-                f"(VRAMLAB_MAX_SNAPSHOT_GZIP_RATIO = {self.ratio}): its first "
-                f"{self.received} bytes already gave {self.expanded}; refused as a gzip bomb"
-            )
-
-    def finish(self) -> None:
-        if not self.gz.eof:
-            raise SnapshotRefused("truncated gzip data: the upload ends inside a member")
-
-
-async def receive(chunks: AsyncIterator[bytes], settings: Settings) -> Upload:
-    """Stream a request body to a temp file, counting and hashing; never held whole.
-
-    A gzipped body is expanded as it arrives (the file holds the pickle), so that its
-    expansion ratio is checked before the next bytes are read (``_Expander``)."""
-    folder = Path(tempfile.mkdtemp(prefix="vramlab-snapshot-"))
-    path = folder / "upload"
-    digest = hashlib.sha256()
-    size = 0
-    pending: list[bytes] = []
-    waiting = 0
-    expander: _Expander | None = None
-    first = True
-
-    def write(data: bytes, out: BinaryIO) -> None:
-        nonlocal expander, first
-        if first and data[:2] == GZIP_MAGIC:
-            expander = _Expander(
-                settings.max_snapshot_gzip_ratio, settings.max_snapshot_expanded_bytes
-            )
-        first = False
-        if expander is not None:
-            expander.feed(data, out)
-        else:
-            out.write(data)
-
-    try:
-        with path.open("wb") as out:
-            async for chunk in chunks:
-                size += len(chunk)
-                if size > settings.max_snapshot_bytes:
-                    raise PayloadTooLarge(
-                        f"a snapshot upload may be at most {settings.max_snapshot_bytes} bytes "
-                        "(VRAMLAB_MAX_SNAPSHOT_BYTES)"
-                    )
-                digest.update(chunk)
-                pending.append(chunk)
-                waiting += len(chunk)
-                if waiting < _BATCH:
-                    continue
-                data, pending, waiting = b"".join(pending), [], 0
-                await run_in_threadpool(write, data, out)
-            await run_in_threadpool(write, b"".join(pending), out)
-            if expander is not None:
-                expander.finish()
-    except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise
-    if size == 0:
-        shutil.rmtree(folder, ignore_errors=True)
-        raise SnapshotRefused("the body is empty: send the snapshot file as the request body")
-    return Upload(folder, path, size, digest.hexdigest(), expander is not None)
 
 
 def _limits(memory: int, seconds: float) -> Callable[[], None]:
@@ -363,10 +235,6 @@ def store(
         session.flush()
         session.expunge(row_)
     return exp
-
-
-def discard(upload: Upload) -> None:
-    shutil.rmtree(upload.folder, ignore_errors=True)
 
 
 def get(session: Session, snapshot_id: str) -> Experiment:
