@@ -10,6 +10,9 @@ global (``safe_pickle``). It writes into OUT:
   chunks ready for the trace table;
 - ``segments.json.gz``: that device's segments as PyTorch wrote them (for the round trip).
 
+Its pieces: ``entries`` (each value read as data), ``entry_replay`` (the first pass),
+``chunks`` (the trace written in chunks), ``categories`` (what held the peak).
+
 Two passes over the entries in memory: the first finds the peak, the largest blocks and
 what was alive before the trace began (a ring buffer that filled up drops its oldest
 entries); the second writes the events and follows the blocks alive at the peak to
@@ -18,379 +21,47 @@ their end, which their categories need.
 
 import argparse
 import gzip
-import heapq
 import json
-import math
-import queue
 import sys
-import threading
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from vramlab.contract import MEMORY_VIZ_ACTIONS, Figure, SnapshotFigures
+from vramlab.contract import Figure, SnapshotFigures
 
 from app.snapshots import categories as cat
 from app.snapshots import safe_pickle
+from app.snapshots.chunks import ChunkWriter, block_out, frames_json, num_text
+from app.snapshots.entries import (
+    FREE_ACTIONS,
+    RENAME,
+    Invalid,
+    Live,
+    Stacks,
+    as_int,
+    block_size,
+    check_entry,
+    pick_device,
+    pre_trace,
+    validate_top,
+)
+from app.snapshots.entry_replay import TOP, Replay
 from app.snapshots.segments import summarise_segments
 
-MAX_FRAMES = 256
-TOP = 20
 MAX_OOMS = 50
-ACTIONS = frozenset(MEMORY_VIZ_ACTIONS)
-# PyTorch names the completion of a free "free_completed"; vramlab's schema says "free".
-RENAME = {"free_completed": "free"}
-FREE_ACTIONS = ("free_requested", "free_completed")
-GROWS = ("segment_alloc", "segment_map")
-# Entries that change neither allocated nor reserved bytes.
-SILENT = frozenset({"free_requested", "snapshot", "oom"})
-TIMELINE_POINTS = 2000
-SHRINKS = ("segment_free", "segment_unmap")
-
-
-Live = tuple[int, int, int, Any, float, tuple[int, ...]]
-
-
-class Invalid(Exception):
-    """The data is a pickle of plain values but not a memory snapshot."""
-
-
-def block_size(n: int) -> int:
-    """The caching allocator's block for a request of ``n`` bytes: rounded up to 512.
-
-    Trace entries carry the size asked for; ``torch.cuda.memory_allocated`` counts blocks,
-    so vramlab's figures count them too (a block the allocator did not split can be larger
-    still; the trace cannot show that)."""
-    return (n + 511) & ~511 if n > 0 else 0
-
-
-def _int(value: Any, what: str) -> int:
-    if type(value) is int or type(value) is bool:
-        return int(value)
-    raise Invalid(f"{what} is {type(value).__name__}, not an integer")
-
-
-def _frame_json(frame: Any) -> str:
-    if type(frame) is not dict:
-        raise Invalid("a frame is not a dict")
-    filename = frame.get("filename", "")
-    name = frame.get("name", "")
-    line = frame.get("line", 0)
-    if type(filename) is not str or type(name) is not str or type(line) is not int:
-        raise Invalid("a frame needs a string filename and name and an integer line")
-    return json.dumps({"filename": filename, "line": line, "name": name}, ensure_ascii=False)
-
-
-class Stacks:
-    """Frames to JSON and to a site, computed once per distinct stack."""
-
-    def __init__(self) -> None:
-        self._frame: dict[int, str] = {}
-        self._json: dict[tuple[int, ...], str] = {}
-        self._site: dict[tuple[int, ...], int] = {}
-        self._zero: dict[tuple[int, ...], bool] = {}
-
-    def key(self, frames: Any) -> tuple[int, ...]:
-        if not frames:
-            return ()
-        if type(frames) is not list and type(frames) is not tuple:
-            raise Invalid("frames is not a list")
-        return tuple(map(id, frames))
-
-    def json(self, key: tuple[int, ...], frames: Any) -> str:
-        text = self._json.get(key)
-        if text is None:
-            parts = []
-            for frame in frames[:MAX_FRAMES]:
-                part = self._frame.get(id(frame))
-                if part is None:
-                    part = self._frame[id(frame)] = _frame_json(frame)
-                parts.append(part)
-            text = self._json[key] = "[" + ",".join(parts) + "]"
-        return text
-
-    def site(self, key: tuple[int, ...], frames: Any) -> int:
-        where = self._site.get(key)
-        if where is None:
-            where = self._site[key] = cat.site(frames)
-        return where
-
-    def zero_grad(self, key: tuple[int, ...], frames: Any) -> bool:
-        found = self._zero.get(key)
-        if found is None:
-            found = self._zero[key] = cat.has_zero_grad(frames)
-        return found
-
-
-def _check_entry(e: Any) -> str:
-    if type(e) is not dict:
-        raise Invalid("a trace entry is not a dict")
-    action = e.get("action")
-    if action not in ACTIONS:
-        raise Invalid(f"unknown trace action {str(action)[:40]!r}")
-    return str(action)
-
-
-def _pick_device(traces: list[Any], segments: list[Any], asked: int | None) -> int:
-    if asked is not None:
-        return asked
-    if any(traces):
-        return max(range(len(traces)), key=lambda i: len(traces[i]))
-    counts: dict[int, int] = {}
-    for s in segments:
-        d = s.get("device", 0) if type(s) is dict else 0
-        if type(d) is int:
-            counts[d] = counts.get(d, 0) + 1
-    return max(counts, key=lambda d: counts[d]) if counts else 0
-
-
-def _validate_top(data: Any) -> tuple[list[Any], list[Any]]:
-    if type(data) is not dict:
-        raise Invalid("a memory snapshot is a dict with 'segments' and 'device_traces'")
-    traces = data.get("device_traces", [])
-    segments = data.get("segments", [])
-    if type(traces) is not list or any(type(t) is not list for t in traces):
-        raise Invalid("'device_traces' must be a list of lists")
-    if type(segments) is not list or any(type(s) is not dict for s in segments):
-        raise Invalid("'segments' must be a list of dicts")
-    if "device_traces" not in data and "segments" not in data:
-        raise Invalid("a memory snapshot has 'segments' or 'device_traces'")
-    return traces, segments
-
-
-def _pre_trace(
-    trace: list[Any], segments: list[dict[str, Any]]
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Segments and blocks that existed before the first entry: freed without an alloc in
-    the trace, or alive at the end (in the segments) with none."""
-    known: dict[Any, int] = {}
-    seg_known: dict[Any, int] = {}
-    blocks: dict[Any, dict[str, Any]] = {}
-    segs: dict[Any, dict[str, Any]] = {}
-    for e in trace:
-        action = e["action"]
-        addr = e.get("addr")
-        if action == "alloc":
-            known[addr] = 1
-        elif action == "free_completed":
-            if known.pop(addr, None) is None and addr not in blocks:
-                size = block_size(_int(e.get("size", 0), "size"))
-                blocks[addr] = {"addr": addr, "size": size, "frames": []}
-        elif action in GROWS:
-            seg_known[addr] = 1
-        elif action in SHRINKS and seg_known.pop(addr, None) is None and addr not in segs:
-            segs[addr] = {"addr": addr, "size": _int(e.get("size", 0), "size")}
-    for s in segments:
-        addr = s.get("address")
-        if addr not in seg_known and addr not in segs and not s.get("is_expandable"):
-            segs[addr] = {"addr": addr, "size": _int(s.get("total_size", 0), "total_size")}
-        for b in s.get("blocks") or ():
-            if type(b) is not dict or not str(b.get("state", "")).startswith("active"):
-                continue
-            baddr = b.get("address")
-            if baddr not in known and baddr not in blocks:
-                frames = b.get("frames") or []
-                blocks[baddr] = {
-                    "addr": baddr,
-                    "size": _int(b.get("size", 0), "block size"),
-                    "frames": frames if type(frames) is list else [],
-                }
-    return list(segs.values()), list(blocks.values())
-
-
-class Replay:
-    """Pass one: allocated and reserved after each entry, the peak, the largest blocks."""
-
-    def __init__(self, baseline: int, reserved: int) -> None:
-        self.allocated = baseline
-        self.reserved = reserved
-        self.peak = baseline
-        self.peak_index = -1
-        self.peak_reserved = reserved
-        self.reserved_peak = reserved
-        self.live: dict[Any, int] = {}
-        self.largest: list[tuple[int, int]] = []  # min-heap of (size, -index)
-        self.points: list[tuple[float, int, int]] = []  # (t, allocated, reserved)
-
-    def run(self, trace: list[Any], pre_blocks: list[dict[str, Any]], t0: float | None) -> None:
-        """Replay; with ``t0`` (the first entry's time_us) times are microseconds from it,
-        else entry numbers. Keeps about ``TIMELINE_POINTS`` points for the timeline:
-        each bucket's lowest and highest moment, so peaks and dips survive."""
-        live = self.live
-        for b in pre_blocks:
-            live[b["addr"]] = b["size"]
-        per = max(1, -(-len(trace) // (TIMELINE_POINTS // 2)))
-        points = self.points
-        points.append((0.0, self.allocated, self.reserved))
-        lo: tuple[float, int, int] | None = None
-        hi: tuple[float, int, int] | None = None
-        n = 0
-        t = 0.0
-        for i, e in enumerate(trace):
-            action = e["action"]
-            if action in SILENT:
-                continue
-            if t0 is None:
-                t = float(i)
-            elif type(e.get("time_us")) in (int, float):
-                t = e["time_us"] - t0
-            self._apply(i, e, action)
-            point = (t, self.allocated, self.reserved)
-            if lo is None or point[1] < lo[1]:
-                lo = point
-            if hi is None or point[1] > hi[1]:
-                hi = point
-            n += 1
-            if n >= per:
-                points.extend(sorted({lo, hi}, key=lambda p: p[0]))
-                lo = hi = None
-                n = 0
-        if lo is not None and hi is not None:
-            points.extend(sorted({lo, hi}, key=lambda p: p[0]))
-
-    def _apply(self, i: int, e: dict[str, Any], action: str) -> None:
-        live = self.live
-        if action == "alloc":
-            size = block_size(_int(e.get("size", 0), "size"))
-            live[e.get("addr")] = size
-            self.allocated += size
-            if self.allocated > self.peak:
-                self.peak = self.allocated
-                self.peak_index = i
-                self.peak_reserved = self.reserved
-            item = (size, -i)
-            if len(self.largest) < TOP:
-                heapq.heappush(self.largest, item)
-            elif item > self.largest[0]:
-                heapq.heapreplace(self.largest, item)
-        elif action == "free_completed":
-            freed = live.pop(e.get("addr"), None)
-            if freed is not None:
-                self.allocated -= freed
-        elif action in GROWS:
-            self.reserved += _int(e.get("size", 0), "size")
-            self.reserved_peak = max(self.reserved_peak, self.reserved)
-        elif action in SHRINKS:
-            self.reserved = max(0, self.reserved - _int(e.get("size", 0), "size"))
-
-
-class ChunkWriter:
-    """gzip NDJSON chunks of ``per_chunk`` events, compressed as they are written.
-
-    Lines go to a compressing thread in batches (zlib lets go of the GIL), through a
-    short queue: the text of a whole chunk is never held at once.
-    """
-
-    BATCH = 2000
-
-    def __init__(self, out: Path, per_chunk: int) -> None:
-        self.out = out
-        self.per_chunk = per_chunk
-        self.chunks: list[dict[str, int]] = []
-        self._lines: list[str] = []
-        self._in_chunk = 0
-        self._first = 0
-        self._queue: queue.Queue[tuple[int, bytes | None]] = queue.Queue(maxsize=4)
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._compress, daemon=True)
-        self._thread.start()
-
-    def _compress(self) -> None:
-        comp: Any = None
-        f: Any = None
-        try:
-            while True:
-                n, data = self._queue.get()
-                if n < 0:
-                    return
-                if comp is None:
-                    comp = zlib.compressobj(1, zlib.DEFLATED, 31)
-                    f = (self.out / f"chunk-{n:05d}.ndjson.gz").open("wb")
-                if data is None:  # the chunk's end
-                    f.write(comp.flush())
-                    f.close()
-                    comp = f = None
-                else:
-                    f.write(comp.compress(data))
-        except BaseException as exc:  # reported by close()
-            self._error = exc
-            while self._queue.get()[0] >= 0:
-                pass
-
-    def add(self, line: str) -> None:
-        self._lines.append(line)
-        if len(self._lines) >= self.BATCH:
-            self._send()
-
-    def _send(self) -> None:
-        if self._lines:
-            n = len(self.chunks)
-            self._queue.put((n, ("\n".join(self._lines) + "\n").encode()))
-            self._in_chunk += len(self._lines)
-            self._lines = []
-        if self._in_chunk >= self.per_chunk:
-            self._end_chunk()
-
-    def _end_chunk(self) -> None:
-        if not self._in_chunk:
-            return
-        n = len(self.chunks)
-        self._queue.put((n, None))
-        self.chunks.append({"seq": n, "first_event": self._first, "n_events": self._in_chunk})
-        self._first += self._in_chunk
-        self._in_chunk = 0
-
-    def flush(self) -> None:
-        """Write what is left and wait for the compressing thread."""
-        self._send()
-        self._end_chunk()
-        self._queue.put((-1, None))
-        self._thread.join()
-        if self._error is not None:
-            raise self._error
-
-
-def _num(value: Any) -> str:
-    if value is None:
-        return "null"
-    if type(value) is int:
-        return str(value)
-    if type(value) is float and math.isfinite(value):
-        return repr(value)
-    raise Invalid("a number in a trace entry is not a finite number")
-
-
-def _block_out(
-    seq: int, addr: Any, size: int, t_us: float, frames: Any, category: str
-) -> dict[str, Any]:
-    return {
-        "addr": addr,
-        "size": size,
-        "seq": seq,
-        "t_us": t_us,
-        "phase": None,
-        "frames": [json.loads(f) for f in _frames_json(frames)],
-        "category": category,
-    }
-
-
-def _frames_json(frames: Any) -> Iterator[str]:
-    for frame in (frames or [])[:MAX_FRAMES]:
-        yield _frame_json(frame)
 
 
 def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> dict[str, Any]:
-    traces, all_segments = _validate_top(data)
-    index = _pick_device(traces, all_segments, asked_device)
+    traces, all_segments = validate_top(data)
+    index = pick_device(traces, all_segments, asked_device)
     if index < 0 or (traces and index >= len(traces)) or (not traces and index != 0):
         raise Invalid(f"the snapshot has no device {index}")
     trace: list[Any] = traces[index] if traces else []
     segments = [s for s in all_segments if s.get("device", index) == index]
     device = f"cuda:{index}"
     for e in trace:
-        _check_entry(e)
-    pre_segs, pre_blocks = _pre_trace(trace, segments)
+        check_entry(e)
+    pre_segs, pre_blocks = pre_trace(trace, segments)
     baseline = sum(b["size"] for b in pre_blocks)
     reserved0 = sum(s["size"] for s in pre_segs)
     times = [e.get("time_us") for e in (trace[0], trace[-1])] if trace else []
@@ -403,7 +74,7 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
     seq = 0
     for s in pre_segs:
         writer.add(
-            f'{{"seq":{seq},"t_us":0.0,"action":"segment_alloc","addr":{_num(s["addr"])},'
+            f'{{"seq":{seq},"t_us":0.0,"action":"segment_alloc","addr":{num_text(s["addr"])},'
             f'"size":{s["size"]},"device":"{device}","stream":null,"phase":null,'
             f'"pre_trace":true}}'
         )
@@ -413,7 +84,7 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
     for b in pre_blocks:
         key = stacks.key(b["frames"])
         writer.add(
-            f'{{"seq":{seq},"t_us":0.0,"action":"alloc","addr":{_num(b["addr"])},'
+            f'{{"seq":{seq},"t_us":0.0,"action":"alloc","addr":{num_text(b["addr"])},'
             f'"size":{b["size"]},"device":"{device}","stream":null,"phase":null,'
             f'"pre_trace":true,"frames":{stacks.json(key, b["frames"])}}}'
         )
@@ -431,7 +102,7 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
     for i, e in enumerate(trace):
         action = e["action"]
         addr = e.get("addr")
-        size = _int(e.get("size", 0), "size")
+        size = as_int(e.get("size", 0), "size")
         frames = e.get("frames") or ()
         if action in FREE_ACTIONS:
             held = live.get(addr)
@@ -452,12 +123,12 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
         stream = e.get("stream")
         line = (
             f'{{"seq":{seq},"t_us":{t_us!r},"action":"{RENAME.get(action, action)}",'
-            f'"addr":{_num(addr)},"size":{size},"device":"{device}","stream":{_num(stream)},'
+            f'"addr":{num_text(addr)},"size":{size},"device":"{device}","stream":{num_text(stream)},'
             f'"phase":null'
         )
         if action == "oom":
             free = e.get("device_free")
-            line += f',"device_free":{_num(free if type(free) is int else None)}'
+            line += f',"device_free":{num_text(free if type(free) is int else None)}'
             n_ooms += 1
             if len(ooms) < MAX_OOMS:
                 ooms.append(
@@ -466,7 +137,7 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
                         "t_us": t_us,
                         "requested": size,
                         "device_free": free if type(free) is int else None,
-                        "frames": [json.loads(f) for f in _frames_json(frames)],
+                        "frames": [json.loads(f) for f in frames_json(frames)],
                     }
                 )
         # A free whose frames are its block's (PyTorch's context="alloc") stores none:
@@ -515,13 +186,13 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
         by_category[name][1] += 1
         blocks_out.append((size, bseq, baddr, bt, frames, name))
     blocks_out.sort(key=lambda b: (-b[0], b[1]))
-    top_alive = [_block_out(q, a, s, t, f, c) for s, q, a, t, f, c in blocks_out[:TOP]]
+    top_alive = [block_out(q, a, s, t, f, c) for s, q, a, t, f, c in blocks_out[:TOP]]
     largest = []
     for size, neg in sorted(replay.largest, reverse=True):
         e = trace[-neg]
         e_t = float(e["time_us"]) - t0 if timed and type(e.get("time_us")) in (int, float) else 0.0
         largest.append(
-            _block_out(
+            block_out(
                 offset - neg,
                 e.get("addr"),
                 size,
