@@ -12,7 +12,8 @@ from vramlab.contract import Isolation
 
 from app.catalog import CatalogError, get_op, parse_device, plan_spec
 from app.catalog.dtypes import DTYPES
-from app.catalog.scenario import SCENARIO, ScenarioPlan, plan_scenario
+from app.catalog.families.scenario import SCENARIO
+from app.catalog.scenario.plan import ScenarioPlan, plan_scenario
 from app.core.config import Settings
 from app.core.units import human_bytes
 from app.errors import InvalidSpec

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.catalog.scenario import MAX_TENSOR_STEPS
+from app.catalog.scenario.bounds import MAX_TENSOR_STEPS
 from app.services import specs, sweeps
 from tests.api.test_auth import bearer, create_token
 from tests.conftest import LiveServer, make_settings
