@@ -5,7 +5,7 @@
 
 Imports torch and workers.child once (as the forkserver does, never touching CUDA), then
 forks N children; each starts its device, runs a tiny experiment through
-``workers.child.run_experiment`` under cProfile, and writes its stats. Prints the
+``workers.experiment.run_experiment`` under cProfile, and writes its stats. Prints the
 stages' medians (the same stages the runner reports) and the functions with the most
 cumulative time over all N children.
 
@@ -29,8 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import workers.child  # noqa: E402, F401  (what the forkserver preloads)
 from app.catalog import plan_spec  # noqa: E402
-from workers import child  # noqa: E402
+from workers.device import prepare  # noqa: E402
+from workers.experiment import Stages, run_experiment  # noqa: E402
 
 
 def spec_for(op: str, device: str) -> dict[str, object]:
@@ -58,11 +60,11 @@ def one_child(spec: dict[str, object], out: Path) -> None:
 
     gc.freeze()  # as workers.child.main does: the inherited heap is never scanned
     profile = cProfile.Profile()
-    stages = child.Stages()
+    stages = Stages()
     profile.enable()
-    prepared = child.prepare(torch.device(str(spec["device"])))
+    prepared = prepare(torch.device(str(spec["device"])))
     stages.mark("init_device")
-    payload = child.run_experiment(spec, out.with_suffix(".gz"), time.time_ns(), prepared, stages)
+    payload = run_experiment(spec, out.with_suffix(".gz"), time.time_ns(), prepared, stages)
     profile.disable()
     assert payload["status"] == "succeeded", payload["error"]
     profile.dump_stats(str(out))

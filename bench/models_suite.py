@@ -101,7 +101,7 @@ REFERENCE = {0, 7}  # cases also run in plain PyTorch (default AdamW, no knobs)
 
 
 def measure(params: dict[str, Any]) -> dict[str, Any]:
-    from workers.child import run_experiment
+    from workers.experiment import run_experiment
 
     spec = {
         "op": "model",

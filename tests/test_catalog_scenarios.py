@@ -5,13 +5,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from app.catalog import CatalogError, plan_spec
-from app.catalog.presets import PRESETS, PresetError
-from app.catalog.scenario import (
-    MAX_PLANNED_STEPS,
-    MAX_TENSOR_STEPS,
-    MAX_WRITTEN_STEPS,
-    plan_scenario,
-)
+from app.catalog.presets.articles import PRESETS
+from app.catalog.presets.preset import PresetError
+from app.catalog.scenario.bounds import MAX_PLANNED_STEPS, MAX_TENSOR_STEPS, MAX_WRITTEN_STEPS
+from app.catalog.scenario.plan import plan_scenario
 
 
 def test_a_scenario_predicts_named_bytes_after_each_step() -> None:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 from vramlab.contract import Environment, ErrorType
 
-from app.catalog.presets import PRESETS
+from app.catalog.presets.articles import PRESETS
 from app.core.config import Settings
 
 ROOT = Path(__file__).resolve().parent.parent

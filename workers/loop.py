@@ -18,6 +18,10 @@ lease (heartbeats for every one held until its outcome is stored); outcomes wait
 
 Nothing one experiment produces ends the loop: an outcome the API refuses (too large,
 invalid) is replaced by a short ``report_refused`` failure, and the worker goes on.
+
+Its pieces: the claim's thread (claim_poll.py), leases and heartbeats (leases.py), the
+calls that carry an outcome (reporter.py), and what it needs of a runner and a client
+(seams.py).
 """
 
 import json
@@ -28,22 +32,17 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
-from vramlab.contract import MAX_REPORT_BATCH, ReportVerdict, Status
+from vramlab.contract import MAX_REPORT_BATCH, Status
 
-from workers.client import STOP_POLL_S, LeaseLost, Refused, UnknownWorker, with_retry
-from workers.outcome import (
-    REPORT_OVERHEAD_BYTES,
-    Limits,
-    OutOfLimits,
-    refused,
-    report_body,
-    trace_chunks,
-)
+from workers.claim_poll import ClaimPoll
+from workers.client import STOP_POLL_S, Refused, UnknownWorker, with_retry
+from workers.leases import Lease, beat_many, beat_one
+from workers.outcome import REPORT_OVERHEAD_BYTES, Limits, refused
+from workers.reporter import Reporter
+from workers.seams import ClientLike, RunnerLike
 
 log = logging.getLogger("vramlab.worker")
 # A batch claim takes what the loop's last experiments suggest it runs in about this long.
@@ -52,90 +51,6 @@ BATCH_SECONDS = 0.5
 REPORT_EVERY_S = 0.25
 # How quickly the estimate of an experiment's time follows the latest ones.
 ESTIMATE_WEIGHT = 0.3
-
-
-class OutcomeLike(Protocol):
-    status: str
-    result: dict[str, Any] | None
-    error: dict[str, Any] | None
-    trace_path: Path | None
-    trace_events: int
-
-
-class RunnerLike(Protocol):
-    def start(self) -> None: ...
-    def capabilities(self) -> dict[str, Any]: ...
-    def run(
-        self, spec: dict[str, Any], *, should_cancel: Any = ..., work_dir: Path | None = None
-    ) -> Any: ...
-    def close(self) -> None: ...
-
-
-class ClientLike(Protocol):
-    """The worker protocol as the loop uses it (workers.client.ApiClient over HTTP)."""
-
-    def register(
-        self, name: str, hostname: str, capabilities: dict[str, Any]
-    ) -> dict[str, Any]: ...
-    def claim(self, worker_id: str, wait_s: float) -> dict[str, Any] | None: ...
-    def claim_many(self, worker_id: str, wait_s: float, most: int) -> list[dict[str, Any]]: ...
-    def report_many(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]: ...
-    def heartbeat(self, exp_id: str, token: str) -> dict[str, Any]: ...
-    def upload_trace(self, exp_id: str, token: str, seq: int, gz: bytes) -> None: ...
-    def report(self, exp_id: str, token: str, outcome: dict[str, Any]) -> None: ...
-    def release(self, exp_id: str, token: str) -> None: ...
-    def stop(self, worker_id: str) -> None: ...
-
-
-class _Poll:
-    """One claim call in a thread of its own, so that the loop can stop waiting for it.
-
-    A signal only sets ``stopping``: the loop, which looks at it while it waits, leaves
-    the call behind. An answer that still comes (an experiment claimed after the
-    signal) is given back by ``late``, in the call's thread.
-    """
-
-    def __init__(
-        self,
-        call: Callable[[], list[dict[str, Any]]],
-        late: Callable[[list[dict[str, Any]]], None],
-    ) -> None:
-        self.call, self.late = call, late
-        self.done = threading.Event()
-        self.result: list[dict[str, Any]] = []
-        self.error: BaseException | None = None
-        self._lock = threading.Lock()
-        self._abandoned = False
-
-    def run(self) -> None:
-        try:
-            self.result = self.call()
-        except BaseException as exc:  # handed to the loop, which raises it
-            self.error = exc
-        with self._lock:
-            self.done.set()
-            abandoned = self._abandoned
-        if abandoned and self.result:
-            self.late(self.result)
-
-    def abandon(self) -> bool:
-        """Leave the call behind; False if it had already answered."""
-        with self._lock:
-            if self.done.is_set():
-                return False
-            self._abandoned = True
-            return True
-
-
-@dataclass
-class Lease:
-    """One claimed experiment until its outcome is stored: what the heartbeats learned."""
-
-    exp_id: str
-    token: str
-    cancel_requested: bool = False
-    lost: bool = False
-    done: threading.Event = field(default_factory=threading.Event)
 
 
 class WorkerLoop:
@@ -164,8 +79,13 @@ class WorkerLoop:
         self.aborting = threading.Event()
         self.worker_id: str | None = None
         self.heartbeat_seconds = 10.0
-        self.limits = Limits()
+        self.reporter = Reporter(client)
         self.capabilities: dict[str, Any] = {}
+
+    @property
+    def limits(self) -> Limits:
+        """The API's limits, as its registration reply gave them."""
+        return self.reporter.limits
 
     # -- signals -----------------------------------------------------------------
     def on_signal(self, signum: int, _frame: object = None) -> None:
@@ -192,7 +112,7 @@ class WorkerLoop:
             return False
         self.worker_id = reply["worker_id"]
         self.heartbeat_seconds = float(reply["heartbeat_seconds"])
-        self.limits = Limits.from_reply(reply.get("limits"))
+        self.reporter.limits = Limits.from_reply(reply.get("limits"))
         log.info(
             "registered as %s (%s)", self.worker_id, ", ".join(self.capabilities["device_types"])
         )
@@ -221,7 +141,7 @@ class WorkerLoop:
                 if self.stopping.is_set():
                     for one in claimed:
                         log.info("%s was claimed after the signal: giving it back", one["id"])
-                        self._release(one["id"], one["lease_token"])
+                        self.reporter.release(one["id"], one["lease_token"])
                     break
                 if self.batch == 1:
                     self.execute(claimed[0])
@@ -259,9 +179,9 @@ class WorkerLoop:
 
         def late(claimed: list[dict[str, Any]]) -> None:
             for one in claimed:
-                self._release(one["id"], one["lease_token"])
+                self.reporter.release(one["id"], one["lease_token"])
 
-        poll = _Poll(
+        poll = ClaimPoll(
             lambda: with_retry(call, what="claim", should_stop=self.stopping.is_set) or [],
             late=late,
         )
@@ -285,27 +205,17 @@ class WorkerLoop:
             log.info("could not tell the API this worker stopped: %s", exc)
 
     # -- one experiment ----------------------------------------------------------
-    def _heartbeats(self, lease: Lease) -> None:
-        while not lease.done.wait(self.heartbeat_seconds):
-            try:
-                reply = self.client.heartbeat(lease.exp_id, lease.token)
-                lease.cancel_requested = bool(reply.get("cancel_requested"))
-            except LeaseLost:
-                log.warning("lease on %s lost: stopping it", lease.exp_id)
-                lease.lost = True
-                return
-            except Exception as exc:  # the API may be down for a while: keep trying
-                log.warning("heartbeat for %s failed: %s", lease.exp_id, exc)
-
     def execute(self, claimed: dict[str, Any]) -> None:
         lease = Lease(exp_id=claimed["id"], token=claimed["lease_token"])
         # Heartbeats run until the outcome is stored: a long upload keeps its lease.
-        beat = threading.Thread(target=self._heartbeats, args=(lease,), daemon=True)
+        beat = threading.Thread(
+            target=beat_one, args=(self.client, lease, self.heartbeat_seconds), daemon=True
+        )
         beat.start()
         try:
             body = self._run(lease, claimed["spec"])
             if body is not None:
-                self._report_body(lease, body)
+                self.reporter.report_body(lease, body)
         finally:
             lease.done.set()
             beat.join()
@@ -337,9 +247,9 @@ class WorkerLoop:
                 and self.aborting.is_set()
                 and not lease.cancel_requested
             ):
-                self._release(lease.exp_id, lease.token)
+                self.reporter.release(lease.exp_id, lease.token)
                 return None
-            return self._upload(lease, outcome)
+            return self.reporter.upload(lease, outcome)
         except Refused as exc:  # the trace upload's refusals become a body; this is none
             log.error("%s: the API refused the outcome (%s)", lease.exp_id, exc)
             return refused("outcome", f"the API answered {exc}", self.limits)
@@ -347,26 +257,16 @@ class WorkerLoop:
             shutil.rmtree(work_dir, ignore_errors=True)
 
     # -- a batch -----------------------------------------------------------------
-    def _batch_heartbeats(self, leases: list[Lease], over: threading.Event) -> None:
-        while not over.wait(self.heartbeat_seconds):
-            for lease in leases:
-                if lease.done.is_set() or lease.lost:
-                    continue
-                try:
-                    reply = self.client.heartbeat(lease.exp_id, lease.token)
-                    lease.cancel_requested = bool(reply.get("cancel_requested"))
-                except LeaseLost:
-                    log.warning("lease on %s lost: stopping it", lease.exp_id)
-                    lease.lost = True
-                except Exception as exc:  # the API may be down for a while: keep trying
-                    log.warning("heartbeat for %s failed: %s", lease.exp_id, exc)
-
     def execute_batch(self, claimed: list[dict[str, Any]]) -> int:
         """Run a claim's experiments one after another, reporting their outcomes a few at
         a time; returns how many ran (a signal gives back those not started)."""
         leases = [Lease(exp_id=c["id"], token=c["lease_token"]) for c in claimed]
         over = threading.Event()
-        beat = threading.Thread(target=self._batch_heartbeats, args=(leases, over), daemon=True)
+        beat = threading.Thread(
+            target=beat_many,
+            args=(self.client, leases, over, self.heartbeat_seconds),
+            daemon=True,
+        )
         beat.start()
         pending: list[tuple[Lease, dict[str, Any]]] = []
         size = 0
@@ -377,7 +277,7 @@ class WorkerLoop:
                 if self.stopping.is_set() or lease.lost:
                     if not lease.lost:
                         log.info("%s: stopping, giving it back unrun", lease.exp_id)
-                        self._release(lease.exp_id, lease.token)
+                        self.reporter.release(lease.exp_id, lease.token)
                     lease.done.set()
                     continue
                 start = time.monotonic()
@@ -392,109 +292,22 @@ class WorkerLoop:
                     size + body_size > self.limits.max_body_bytes
                     or len(pending) >= MAX_REPORT_BATCH
                 ):
-                    self._report_many(pending)
+                    self.reporter.report_many(pending)
                     pending, size = [], 0
                 if not pending:
                     since = time.monotonic()
                 pending.append((lease, body))
                 size += body_size
                 if time.monotonic() - since >= REPORT_EVERY_S:
-                    self._report_many(pending)
+                    self.reporter.report_many(pending)
                     pending, size = [], 0
                 self._took(time.monotonic() - start)
             if pending:
-                self._report_many(pending)
+                self.reporter.report_many(pending)
                 pending = []
         finally:
             for lease, body in pending:  # an error left them unsent: one at a time
-                self._report_body(lease, body)
+                self.reporter.report_body(lease, body)
             over.set()
             beat.join()
         return ran
-
-    def _report_many(self, pending: list[tuple[Lease, dict[str, Any]]]) -> None:
-        items = [
-            {"experiment_id": lease.exp_id, "lease_token": lease.token, **body}
-            for lease, body in pending
-        ]
-        try:
-            verdicts = with_retry(
-                lambda: self.client.report_many(items), what="report", should_stop=lambda: False
-            )
-        except Refused as exc:
-            # The report as a whole (an outcome whose shape the API refuses): each on its
-            # own, so that the one at fault becomes a short failure and the rest stand.
-            log.warning("the API refused a batch report (%s): reporting one at a time", exc)
-            verdicts = None
-        if verdicts is None or len(verdicts) != len(pending):
-            for lease, body in pending:
-                self._report_body(lease, body)
-                lease.done.set()
-            return
-        for (lease, body), verdict in zip(pending, verdicts, strict=True):
-            kind = verdict.get("verdict")
-            if kind == ReportVerdict.STORED:
-                error = body["error"]
-                log.info("%s: %s", lease.exp_id, body["status"] if error is None else error["type"])
-            elif kind == ReportVerdict.LEASE_LOST:
-                log.warning("report of %s refused: the lease was lost", lease.exp_id)
-            else:
-                log.error(
-                    "%s: the API refused the outcome (%s)", lease.exp_id, verdict.get("error")
-                )
-                self._send_refused(lease, "outcome", f"the API answered {verdict.get('error')}")
-            lease.done.set()
-
-    def _call(self, fn: Any, what: str) -> bool:
-        """One protocol call, retried while the API is unreachable; False if the lease is
-        lost. Refused goes to the caller."""
-        try:
-            with_retry(fn, what=what, should_stop=lambda: False)
-        except LeaseLost:
-            log.warning("%s refused: the lease was lost", what)
-            return False
-        return True
-
-    def _release(self, exp_id: str, token: str) -> None:
-        try:
-            self._call(lambda: self.client.release(exp_id, token), "release")
-        except Refused as exc:  # the lease expires by itself
-            log.warning("%s: release refused (%s)", exp_id, exc)
-
-    def _report_body(self, lease: Lease, body: dict[str, Any]) -> None:
-        try:
-            if self._send(lease, body):
-                error = body["error"]
-                log.info("%s: %s", lease.exp_id, body["status"] if error is None else error["type"])
-        except Refused as exc:
-            log.error("%s: the API refused the outcome (%s)", lease.exp_id, exc)
-            self._send_refused(lease, "outcome", f"the API answered {exc}")
-
-    def _upload(self, lease: Lease, outcome: OutcomeLike) -> dict[str, Any] | None:
-        """Upload the trace, then return the report to send (None if the lease is lost)."""
-        events = 0
-        if outcome.trace_path is not None and outcome.trace_path.exists():
-            try:
-                for seq, gz in enumerate(trace_chunks(outcome.trace_path, self.limits)):
-
-                    def upload(seq: int = seq, gz: bytes = gz) -> None:
-                        self.client.upload_trace(lease.exp_id, lease.token, seq, gz)
-
-                    if not self._call(upload, f"trace upload {seq}"):
-                        return None
-            except (OutOfLimits, Refused) as exc:
-                log.error("%s: trace not stored: %s", lease.exp_id, exc)
-                return refused("trace", str(exc), self.limits)
-            events = outcome.trace_events
-        return report_body(outcome.status, outcome.result, outcome.error, events, self.limits)
-
-    def _send(self, lease: Lease, body: dict[str, Any]) -> bool:
-        return self._call(lambda: self.client.report(lease.exp_id, lease.token, body), "report")
-
-    def _send_refused(self, lease: Lease, what: str, why: str) -> None:
-        hint = "the API's answer, quoted here, says what it refused; the worker's log has more"
-        try:
-            self._send(lease, refused(what, why, self.limits, hint))
-        except Refused as exc:
-            # Even the short failure: leave it to the lease, which ends it as `lost`.
-            log.error("%s: the API refused the short failure too (%s)", lease.exp_id, exc)

@@ -27,20 +27,15 @@ import contextlib
 import json
 import logging
 import multiprocessing
-import signal
-import sys
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from multiprocessing import forkserver
-from multiprocessing.connection import Connection
 from multiprocessing.context import (
     ForkServerContext,
     ForkServerProcess,
-    SpawnContext,
     SpawnProcess,
 )
 from pathlib import Path
@@ -50,32 +45,15 @@ from vramlab.contract import ChildStart, ErrorType, Isolation, Status
 
 from app.catalog.devices import canonical_device
 from workers import allocator
-from workers.children import EXIT_GRACE_S, Child, SharedPool, reap, reap_soon
+from workers.children import Child, SharedPool, reap
+from workers.endings import Outcome, failure, outcome_of, wait
+from workers.launch import preload, spawn
 
-PRELOAD = ["torch", "workers.child"]
-POLL_S = 0.1
 DEFAULT_TIMEOUT_S = 600.0
 PROBE_TIMEOUT_S = 120.0
-START_ATTEMPTS = 4
-# How a child ended when we stopped it for a cancel (beside "finished", "timeout" and
-# the words for an exit or a signal).
-_CANCEL = "stopped for a cancel"
 SHARED_RUNS = 500  # experiments a shared process serves before it retires
 
 log = logging.getLogger("vramlab.worker")
-
-
-@dataclass
-class Outcome:
-    status: Status
-    result: dict[str, Any] | None  # on success; on an OOM failure, the figures at that moment
-    error: dict[str, Any] | None  # {"type", "message", "hint", "details"}
-    trace_path: Path | None  # gzip NDJSON, one normalised event per line; the caller deletes it
-    trace_events: int
-    # Seconds per stage of the child's life (hand-off, device start, run, notes...): where
-    # an experiment's time goes, for bench/ (not part of the result).
-    stages: dict[str, float] = field(default_factory=dict)
-    pid: int | None = None  # the child's process id
 
 
 def _never() -> bool:
@@ -89,29 +67,6 @@ def _needs_cuda(spec: dict[str, Any]) -> bool:
     planned = (spec.get("prediction") or {}).get("devices") or []
     devices = (str(spec["device"]), str(params.get("source_device") or "cpu"), *planned)
     return bool(params.get("pin_memory")) or any(str(d).startswith("cuda") for d in devices)
-
-
-def _child_entry(kind: str, conn: Connection, args: tuple[Any, ...]) -> None:
-    """Runs in the child. Imports happen here so this module stays torch-free."""
-    try:
-        if kind == "experiment":
-            # Before torch loads (in a fresh interpreter), so that even the backend applies.
-            allocator.set_env(allocator.conf_string(args[0].get("allocator") or {}))
-            from workers.child import main
-
-            main(args[0], conn, args[1], args[2], None, args[3])
-        elif kind == "spare":  # a warm spare, or a new shared process
-            from workers.child import serve
-
-            serve(args[0], conn)
-        elif kind == "probe":
-            from workers.probe import capabilities
-
-            conn.send_bytes(json.dumps({"result": capabilities()}).encode())
-        else:  # "ping": proves the forkserver is up with its modules loaded
-            conn.send_bytes(b"{}")
-    finally:
-        conn.close()
 
 
 class Runner:
@@ -169,7 +124,7 @@ class Runner:
             if self._ctx is not None:
                 return
             ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(_preload())
+            ctx.set_forkserver_preload(preload())
             self._ctx = ctx
             forkserver.ensure_running()
             # The forkserver imports torch after it starts; one trivial child waits for
@@ -217,7 +172,7 @@ class Runner:
             return Outcome(
                 Status.FAILED,
                 None,
-                _error(
+                failure(
                     ErrorType.UNSUPPORTED_ON_DEVICE,
                     "this worker runs with --device cpu; the experiment needs CUDA",
                     "queue it for a worker that offers this device",
@@ -244,12 +199,13 @@ class Runner:
                 child, start = self._child_for(device, settings, args)
             pid = child.proc.pid
             launched = time.perf_counter()
-            payload, ended, code = self._wait(child, timeout, should_cancel, keep=reuse)
+            payload, ended, code = wait(child, timeout, should_cancel, keep=reuse)
         if reuse and ended == "finished":
             self._shared.give_back(device, child)
         if self.warm and device == "cpu":
             self._fill_soon(device)
-        outcome = self._outcome(payload, ended, code, trace_path, timeout)
+        driver = (self._capabilities or {}).get("driver")
+        outcome = outcome_of(payload, ended, code, trace_path, timeout, driver)
         outcome.pid = pid
         outcome.stages["runner_launch"] = launched - began
         outcome.stages["runner_wait"] = time.perf_counter() - launched
@@ -376,12 +332,6 @@ class Runner:
         for proc in exiting:
             reap(proc)
 
-    def _retire(self, proc: ForkServerProcess | SpawnProcess) -> None:
-        """A child that sent its result exits by itself (for CUDA, a context teardown of
-        tens of milliseconds): reap it in the background, off every experiment's clock.
-        Its tensors went back to the driver before it answered (workers/child.py)."""
-        reap_soon(proc)
-
     @contextlib.contextmanager
     def _sharing(self, device: str) -> Iterator[list[int]]:
         """While inside, this experiment counts as running on ``device``; the counter it
@@ -406,163 +356,14 @@ class Runner:
         should_cancel: Callable[[], bool],
     ) -> tuple[dict[str, Any] | None, str, int | None]:
         """Run one child; return its payload (or None), how it ended in words, its exit code."""
-        return self._wait(self._spawn(kind, args), timeout, should_cancel)
+        return wait(self._spawn(kind, args), timeout, should_cancel)
 
     def _spawn(self, kind: str, args: tuple[Any, ...], fresh: bool = False) -> Child:
-        ctx: ForkServerContext | SpawnContext = (
-            multiprocessing.get_context("spawn") if fresh else self._ctx_or_start()
-        )
-        # A spare also reads its spec from the pipe; other children only write to it.
-        ours, theirs = ctx.Pipe(duplex=kind == "spare")
-        try:
-            proc = self._start_child(ctx, kind, theirs, args)
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()  # the child holds the only other end now: EOF means it is gone
-        return Child(proc, ours)
-
-    def _wait(
-        self,
-        child: Child,
-        timeout: float,
-        should_cancel: Callable[[], bool],
-        keep: bool = False,
-    ) -> tuple[dict[str, Any] | None, str, int | None]:
-        """Wait for the child's result. ``keep``: a child that answered stays as it is (a
-        shared child, which the caller gives back); any other is retired or killed."""
-        proc, conn = child.proc, child.conn
-        finished = False
-        try:
-            deadline = time.monotonic() + timeout
-            while True:
-                if conn.poll(POLL_S):
-                    try:
-                        payload: dict[str, Any] = json.loads(conn.recv_bytes())
-                    except EOFError:
-                        proc.join(EXIT_GRACE_S)
-                        return None, _exit_words(proc.exitcode), proc.exitcode
-                    # The child exits by itself (for CUDA, a context teardown): reaped
-                    # before the next experiment, not on this one's clock.
-                    finished = True
-                    return payload, "finished", None
-                if should_cancel():
-                    return None, _CANCEL, None
-                if time.monotonic() > deadline:
-                    return None, "timeout", None
-        finally:
-            if not (finished and keep):
-                conn.close()
-                if finished:
-                    self._retire(proc)
-                else:
-                    if proc.is_alive():
-                        proc.kill()
-                    reap(proc)
-
-    def _outcome(
-        self,
-        payload: dict[str, Any] | None,
-        ended: str,
-        exitcode: int | None,
-        trace_path: Path | None,
-        timeout: float,
-    ) -> Outcome:
-        if ended == _CANCEL:
-            return Outcome(Status.CANCELLED, None, None, None, 0)
-        if ended == "timeout":
-            return Outcome(
-                Status.FAILED,
-                None,
-                _error(
-                    ErrorType.TIMEOUT,
-                    f"the experiment ran past its timeout of {timeout:g} s and was killed",
-                    "raise timeout_s, or use a smaller shape or fewer repeats",
-                ),
-                None,
-                0,
-            )
-        if payload is None:
-            error = _error(
-                ErrorType.CRASHED,
-                f"the experiment's process {ended} without a result",
-                "a crash inside PyTorch or a library (abort, segfault, CUDA error)",
-            )
-            error["details"] = {"exitcode": exitcode, "signal": _signal_name(exitcode)}
-            return Outcome(Status.FAILED, None, error, None, 0)
-        result = payload.get("result")
-        if result and self._capabilities and result.get("environment", {}).get("driver") is None:
-            result["environment"]["driver"] = self._capabilities.get("driver")
-        count = int(payload.get("trace_events") or 0)
-        path = trace_path if count and trace_path is not None and trace_path.exists() else None
-        stages = {k: float(v) for k, v in (payload.get("stages") or {}).items()}
-        return Outcome(
-            Status(payload["status"]),
-            result,
-            payload.get("error"),
-            path,
-            count if path else 0,
-            stages,
-        )
-
-    def _start_child(
-        self,
-        ctx: ForkServerContext | SpawnContext,
-        kind: str,
-        sender: Connection,
-        args: tuple[Any, ...],
-    ) -> ForkServerProcess | SpawnProcess:
-        last: BaseException | None = None
-        for attempt in range(START_ATTEMPTS):
-            proc = ctx.Process(
-                target=_child_entry, args=(kind, sender, args), name=f"vramlab-{kind}", daemon=True
-            )
-            try:
-                proc.start()
-                return proc
-            except (EOFError, OSError) as exc:
-                # The forkserver died or is dying. The stdlib starts a new one once the old
-                # one has exited and can be reaped: give it a moment, then try again.
-                last = exc
-                time.sleep(0.2 * (attempt + 1))
-        raise RuntimeError("could not start a child: the forkserver keeps failing") from last
+        ctx = multiprocessing.get_context("spawn") if fresh else self._ctx_or_start()
+        return spawn(ctx, kind, args)
 
     def _ctx_or_start(self) -> ForkServerContext:
         if self._ctx is None:
             self.start()
         assert self._ctx is not None
         return self._ctx
-
-
-def _preload() -> list[str]:
-    """Torch and the child's modules, plus vramlab's modules that this process imported.
-
-    Each child re-runs the parent's main module before it starts (the stdlib's main
-    fix-up: ``python -m app.cli`` or the ``vramlab`` script imports app.cli, pydantic and
-    settings, half a second on a busy host); with those imported once in the forkserver,
-    the re-run finds them in sys.modules and costs about a millisecond.
-    """
-    ours = sorted(m for m in list(sys.modules) if m.partition(".")[0] in ("app", "workers"))
-    return [*PRELOAD, *(m for m in ours if m not in PRELOAD)]
-
-
-def _signal_name(code: int | None) -> str | None:
-    if code is None or code >= 0:
-        return None
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return str(-code)
-
-
-def _exit_words(code: int | None) -> str:
-    if code is None:
-        return "did not exit"
-    if code < 0:
-        return f"was killed by signal {_signal_name(code)} ({-code})"
-    return f"exited with code {code}"
-
-
-def _error(kind: ErrorType, message: str, hint: str | None) -> dict[str, Any]:
-    return {"type": kind, "message": message, "hint": hint, "details": {}}

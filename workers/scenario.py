@@ -1,6 +1,6 @@
 """Runs a scenario: named-tensor steps, each a measured phase with a mark in the trace.
 
-The steps were validated by the catalog (app/catalog/scenario.py); here each is done
+The steps were validated by the catalog (app/catalog/scenario/); here each is done
 with PyTorch. A repeat block is one phase (its inner steps are not measured one by one).
 The whole run is watched for copies between devices (workers/placement.py).
 """

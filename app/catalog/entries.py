@@ -21,8 +21,8 @@ from app.catalog.families import (
     reduction,
     transfer,
 )
+from app.catalog.families.scenario import SCENARIO
 from app.catalog.model import CatalogError, OpEntry, TensorPlan
-from app.catalog.scenario import SCENARIO
 
 _FAMILIES = (
     creation,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from vramlab.contract import Status
 
-from app.catalog.presets import PRESETS
+from app.catalog.presets.articles import PRESETS
 
 
 @dataclass(frozen=True)

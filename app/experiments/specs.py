@@ -13,7 +13,8 @@ from vramlab.units import human_bytes
 
 from app.catalog import CatalogError, get_op, parse_device, plan_spec
 from app.catalog.dtypes import DTYPES
-from app.catalog.scenario import SCENARIO, ScenarioPlan, plan_scenario
+from app.catalog.families.scenario import SCENARIO
+from app.catalog.scenario.plan import ScenarioPlan, plan_scenario
 from app.core.config import Settings
 from app.core.errors import InvalidSpec
 from app.experiments import predictor as predictor_service

@@ -5,7 +5,8 @@ from datetime import datetime
 from sqlalchemy.orm import Session
 
 from app.catalog import CatalogError
-from app.catalog.presets import PRESETS, Preset, get_preset
+from app.catalog.presets.articles import PRESETS, get_preset
+from app.catalog.presets.preset import Preset
 from app.core.config import Settings
 from app.core.errors import Conflict, InvalidSpec, NotFound
 from app.core.signals import WorkSignal

@@ -22,7 +22,7 @@ from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
 from vramlab.contract import ErrorType, Figure, Result, Status
 
-from app.catalog.scenario import MAX_PLANNED_STEPS
+from app.catalog.scenario.bounds import MAX_PLANNED_STEPS
 from app.core import ids
 from app.core.config import Settings
 from app.core.errors import InvalidSpec

@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.catalog.scenario import MAX_TENSOR_STEPS
+from app.catalog.scenario.bounds import MAX_TENSOR_STEPS
 from app.experiments import specs
 from app.sweeps import service as sweeps
 from tests.api.test_auth import bearer, create_token

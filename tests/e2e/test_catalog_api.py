@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.catalog.presets import PRESETS
+from app.catalog.presets.articles import PRESETS
 from tests.conftest import free_port
 from tests.e2e.procs import env_for, start, stop, wait_done, wait_ready
 from tests.op_cases import CASES

@@ -7,7 +7,8 @@ import pytest
 from vramlab import contract
 
 from app.catalog import plan_spec
-from workers.runner import Outcome, Runner
+from workers.endings import Outcome
+from workers.runner import Runner
 
 SpecFactory = Callable[..., dict[str, Any]]
 

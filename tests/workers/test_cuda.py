@@ -12,7 +12,8 @@ import pytest
 from tests.helpers import needs_cuda
 from tests.workers.conftest import SpecFactory, build_spec
 from tests.workers.test_scenario import scenario_spec
-from workers.runner import Outcome, Runner
+from workers.endings import Outcome
+from workers.runner import Runner
 
 pytestmark = needs_cuda()
 

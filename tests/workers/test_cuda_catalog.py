@@ -7,7 +7,8 @@ import pytest
 
 from tests.workers.conftest import SpecFactory
 from tests.workers.test_scenario import scenario_spec
-from workers.runner import Outcome, Runner
+from workers.endings import Outcome
+from workers.runner import Runner
 
 torch = pytest.importorskip("torch")
 pytestmark = [

@@ -20,7 +20,8 @@ import pytest
 
 from tests.helpers import needs_cuda
 from tests.workers.conftest import CheckedRunner, SpecFactory
-from workers.runner import Outcome, Runner
+from workers.endings import Outcome
+from workers.runner import Runner
 
 pytestmark = needs_cuda()
 CUBLAS_WORKSPACE = 32 * 2**20

@@ -20,8 +20,8 @@ from vramlab.contract import ErrorType, Status
 
 from tests.helpers import CPU_CAPS, MEMORY
 from workers.client import LeaseLost, Refused
+from workers.endings import Outcome
 from workers.loop import WorkerLoop
-from workers.runner import Outcome
 
 GUARD_S = 10.0  # how long a test waits for an event before it calls the loop stuck
 

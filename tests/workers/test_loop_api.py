@@ -13,8 +13,8 @@ from tests.conftest import LiveServer, make_settings
 from tests.helpers import MEMORY, submit
 from tests.workers.test_loop import FakeRunner, succeeded, with_trace
 from workers.client import ApiClient
+from workers.endings import Outcome
 from workers.loop import WorkerLoop
-from workers.runner import Outcome
 
 LIMIT = 8 * 1024
 

@@ -8,8 +8,9 @@ import pytest
 from app.catalog import OPS
 from tests.op_cases import CASES
 from tests.workers.conftest import SpecFactory
+from workers.endings import Outcome
 from workers.ops import OPS as WORKER_OPS
-from workers.runner import Outcome, Runner
+from workers.runner import Runner
 
 # A scenario and a model experiment have tests of their own (test_scenario.py,
 # tests/e2e/test_models.py): a model's prediction is its step's peak, not an op's tensors.

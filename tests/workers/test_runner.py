@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from tests.workers.conftest import SpecFactory
-from workers.runner import Outcome, Runner
+from workers.endings import Outcome
+from workers.runner import Runner
 
 MEMORY_KEYS = {
     "allocated_before",

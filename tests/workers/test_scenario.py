@@ -4,7 +4,7 @@ import gzip
 import json
 from typing import Any
 
-from app.catalog.scenario import plan_scenario
+from app.catalog.scenario.plan import plan_scenario
 from workers.runner import Runner
 
 

@@ -14,7 +14,8 @@ import pytest
 from vramlab.contract import ALLOCATOR_KEYS
 
 from tests.workers.conftest import CheckedRunner, SpecFactory
-from workers.runner import Outcome, Runner
+from workers.endings import Outcome
+from workers.runner import Runner
 
 MiB = 2**20
 

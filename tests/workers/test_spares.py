@@ -7,7 +7,8 @@ from typing import Any
 
 from tests.workers.conftest import SpecFactory
 from workers import allocator
-from workers.runner import Outcome, Runner
+from workers.endings import Outcome
+from workers.runner import Runner
 
 
 def succeeded(outcome: Outcome) -> dict[str, Any]:
