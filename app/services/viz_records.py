@@ -21,6 +21,7 @@ import numpy as np
 
 from app.services import viz_rows
 from app.services.replay import FREES, SEGMENT_GROWS, SEGMENT_SHRINKS
+from app.services.viz_live import LiveBlocks
 from app.services.viz_pickle import ACTIONS, BINGET, EMPTY_DICT, EMPTY_LIST, MARK, SETITEMS, SLOT
 
 BATCH = viz_rows.BATCH  # entries per MARK ... APPENDS: a bounded stack in the unpickler
@@ -135,14 +136,14 @@ def _pop_all(d: dict[Any, Any], keys: list[Any]) -> None:
 
 
 def _last(keys: np.ndarray) -> np.ndarray:
-    """The position of the last occurrence of each distinct key."""
+    """The position of the last occurrence of each distinct key, in the keys' order."""
     _, first_from_end = np.unique(keys[::-1], return_index=True)
     return len(keys) - 1 - first_from_end
 
 
 def apply(
     c: Columns,
-    live: dict[Any, tuple[int, Any, Any]],
+    live: LiveBlocks,
     segments: dict[int, tuple[int, Any]],
     pending: set[Any],
 ) -> np.ndarray:
@@ -153,11 +154,8 @@ def apply(
     # Blocks: what the last alloc or free of each address left.
     touched = np.flatnonzero((is_alloc | is_free) & has_addr)
     if touched.size:
-        last = touched[_last(c.addr[touched])]
-        _pop_all(live, c.addr[last[is_free[last]]].tolist())
-        born = last[is_alloc[last]]
-        values = zip(c.size[born].tolist(), c.stream[born].tolist(), repeat(None), strict=False)
-        live.update(zip(c.addr[born].tolist(), values, strict=True))
+        last = touched[_last(c.addr[touched])]  # by address
+        live.update(c.addr[last], is_alloc[last], c.size[last], c.stream[last])
     # Segments, the same way.
     is_grow = _GROW[c.code]
     touched = np.flatnonzero((is_grow | _SHRINK[c.code]) & has_addr)
