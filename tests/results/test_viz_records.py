@@ -2,11 +2,13 @@
 leaves to the general path (that both give the same snapshot is test_exports')."""
 
 import json
+import pickle
+import random
 from typing import Any
 
 import pytest
 
-from app.services import viz_records
+from app.services import memory_viz, viz_records
 from tests.results.trace_data import events, many_events
 
 
@@ -43,3 +45,42 @@ def test_other_blocks_go_the_general_way(change: dict[str, Any]) -> None:
     assert viz_records.decode(_block(rows)) is not None
     rows[5] = {**rows[5], **change}
     assert viz_records.decode(_block(rows)) is None
+
+
+def _churn(n: int) -> list[dict[str, Any]]:
+    """Allocations and frees over a small pool of addresses, so an address lives, dies and
+    lives again within a block of lines and across blocks; some frees come without their
+    request (as a CPU trace's), a few segments come and go."""
+    rnd = random.Random(0)
+    live: dict[int, int] = {}
+    rows: list[dict[str, Any]] = []
+    for t in range(n):
+        addr = 4096 * rnd.randrange(300)
+        if rnd.random() < 0.05:
+            action, size = rnd.choice(["segment_alloc", "segment_free"]), 2**21
+        elif addr in live:
+            size = live.pop(addr)
+            if rnd.random() < 0.5:
+                rows.append({"t_us": t, "action": "free_requested", "addr": addr, "size": size})
+            action = "free_completed"
+        else:
+            action, size = "alloc", live.setdefault(addr, rnd.choice([512, 4096, 2**20]))
+        rows.append({"t_us": t, "action": action, "addr": addr, "size": size, "stream": 0})
+    return rows
+
+
+def test_records_and_general_blocks_in_turn_give_the_general_snapshot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The live blocks pass between the records path's columns and the general path's
+    dict: a block of lines in the middle that only the general path takes (a float
+    size) leaves the snapshot what the general path alone makes of the whole trace."""
+    rows = _churn(6000)
+    rows[3001] = {**rows[3001], "size": float(rows[3001]["size"])}
+    blocks = [_block(rows[i : i + 250]) for i in range(0, len(rows), 250)]
+    assert sum(viz_records.decode(b) is None for b in blocks) == 1
+    mixed = pickle.loads(b"".join(memory_viz.export(blocks, "cuda:0")))
+    monkeypatch.setattr(viz_records, "decode", lambda block: None)
+    general = pickle.loads(b"".join(memory_viz.export(blocks, "cuda:0")))
+    assert mixed == general
+    assert mixed["segments"] and mixed["device_traces"][0]
