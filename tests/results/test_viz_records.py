@@ -84,3 +84,33 @@ def test_records_and_general_blocks_in_turn_give_the_general_snapshot(
     general = pickle.loads(b"".join(memory_viz.export(blocks, "cuda:0")))
     assert mixed == general
     assert mixed["segments"] and mixed["device_traces"][0]
+
+
+def test_segments_without_live_blocks_are_one_inactive_block() -> None:
+    """Recorded segments left empty at the end are written column by column: they read
+    as the segment with one inactive block, beside one that holds a live block."""
+    a, b, c = 2**30, 2**30 + 2**22, 2**30 + 2**23
+    rows = [
+        {"t_us": 1, "action": "segment_alloc", "addr": a, "size": 2**21, "stream": 0},
+        {"t_us": 2, "action": "segment_alloc", "addr": b, "size": 2**21, "stream": 7},
+        {"t_us": 3, "action": "segment_alloc", "addr": c, "size": 4096, "stream": 0},
+        {"t_us": 4, "action": "alloc", "addr": b, "size": 512, "stream": 7},
+        {"t_us": 5, "action": "alloc", "addr": a, "size": 512, "stream": 0},
+        {"t_us": 6, "action": "free_completed", "addr": a, "size": 512, "stream": 0},
+    ]
+    snap = pickle.loads(b"".join(memory_viz.export([_block(rows)], "cuda:0")))
+
+    def empty(addr: int, size: int, stream: int, kind: str) -> dict[str, Any]:
+        inactive = {"address": addr, "size": size, "requested_size": 0}
+        return {
+            **{"device": 0, "address": addr, "total_size": size, "allocated_size": 0},
+            **{"active_size": 0, "requested_size": 0, "stream": stream, "segment_type": kind},
+            **{"segment_pool_id": (0, 0), "is_expandable": False, "frames": []},
+            "blocks": [{**inactive, "state": "inactive", "frames": []}],
+        }
+
+    assert [s["address"] for s in snap["segments"]] == [a, b, c]
+    assert snap["segments"][0] == empty(a, 2**21, 0, "large")
+    assert snap["segments"][2] == empty(c, 4096, 0, "small")
+    assert snap["segments"][1]["allocated_size"] == 512
+    assert snap["segments"][1]["blocks"][0]["state"] == "active_allocated"
