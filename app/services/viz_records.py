@@ -14,6 +14,7 @@ takes the general path (``memory_viz``), which gives the same entries event by e
 from collections import deque
 from dataclasses import dataclass
 from itertools import repeat
+from operator import attrgetter
 from typing import Annotated, Any, Literal
 
 import msgspec
@@ -111,17 +112,17 @@ def decode(block: bytes) -> Columns | None:
         events = DECODER.decode_lines(block)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
-    code = np.array(list(map(_CODE.get, [e.action for e in events], repeat(-1))), np.int8)
-    addrs = [e.addr for e in events]
-    no_addr = np.zeros(len(addrs), bool)
-    if None in addrs:
-        no_addr = np.array([a is None for a in addrs], bool)
-        addrs = [0 if a is None else a for a in addrs]
+    n = len(events)
+    code = np.fromiter(map(_CODE.get, map(_GET["action"], events), repeat(-1)), np.int8, n)
     try:
-        addr = np.array(addrs, np.int64)
-        size = np.array(_or_zero([e.size for e in events]), np.int64)
-        stream = np.array(_or_zero([e.stream for e in events]), np.int64)
-        t_us = np.array([e.t_us for e in events], np.float64)  # a null is NaN
+        addr, no_addr = _column(events, "addr", np.int64), np.zeros(n, bool)
+        if addr.dtype != np.int64:  # a null
+            addrs = addr.tolist()
+            no_addr = np.array([a is None for a in addrs], bool)
+            addr = np.array([0 if a is None else a for a in addrs], np.int64)
+        size = _column(events, "size", np.int64)
+        stream = _column(events, "stream", np.int64)
+        t_us = _column(events, "t_us", np.float64)  # a null is NaN
     except OverflowError:
         return None
     if (code < 0).any() or (no_addr & (_FREE[code] | _REQUESTED[code])).any():
@@ -132,9 +133,23 @@ def decode(block: bytes) -> Columns | None:
     return Columns(code, addr, no_addr, size, stream, t_us.astype(np.int64))  # int() truncates
 
 
-def _or_zero(values: list[int | None]) -> list[int]:
-    """``int(value or 0)`` for ints or nulls; a list without a null is given back."""
-    return [v or 0 for v in values] if None in values else values  # type: ignore[return-value]
+_GET = {name: attrgetter(name) for name in ("action", "addr", "size", "stream", "t_us")}
+
+
+def _column(events: list[_Event], name: str, dtype: type) -> np.ndarray:
+    """A field of every event in one array, without a list between; where a value is
+    null: NaN in a float column, 0 in an int column, except ``addr``, which comes back
+    as objects (None kept) for ``decode`` to mark."""
+    values = map(_GET[name], events)
+    try:
+        return np.fromiter(values, dtype, len(events))
+    except TypeError:  # a null
+        listed = list(map(_GET[name], events))
+        if dtype is np.float64:
+            return np.array(listed, np.float64)
+        if name == "addr":
+            return np.array(listed, object)
+        return np.array([v or 0 for v in listed], np.int64)
 
 
 def _pop_all(d: dict[Any, Any], keys: list[Any]) -> None:

@@ -114,3 +114,15 @@ def test_segments_without_live_blocks_are_one_inactive_block() -> None:
     assert snap["segments"][2] == empty(c, 4096, 0, "small")
     assert snap["segments"][1]["allocated_size"] == 512
     assert snap["segments"][1]["blocks"][0]["state"] == "active_allocated"
+
+
+def test_nulls_read_as_the_general_path_reads_them() -> None:
+    """A null address (on an allocation), size, stream or time takes the records path:
+    no address is marked, the others read 0."""
+    rows = _plain()
+    rows[1] = {**rows[1], "action": "alloc", "addr": None, "size": None}
+    rows[2] = {**rows[2], "stream": None, "t_us": None}
+    columns = viz_records.decode(_block(rows))
+    assert columns is not None
+    assert columns.no_addr.tolist() == [i == 1 for i in range(len(rows))]
+    assert (columns.addr[1], columns.size[1], columns.stream[2], columns.time[2]) == (0, 0, 0, 0)
