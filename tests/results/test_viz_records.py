@@ -124,5 +124,6 @@ def test_nulls_read_as_the_general_path_reads_them() -> None:
     rows[2] = {**rows[2], "stream": None, "t_us": None}
     columns = viz_records.decode(_block(rows))
     assert columns is not None
-    assert columns.no_addr.tolist() == [i == 1 for i in range(len(rows))]
+    assert columns.no_addr.tolist() == [row.get("addr") is None for row in rows]
+    assert columns.no_addr[1]
     assert (columns.addr[1], columns.size[1], columns.stream[2], columns.time[2]) == (0, 0, 0, 0)
