@@ -8,6 +8,7 @@ import zlib
 from collections.abc import Generator, Iterator
 from typing import Any
 
+import msgspec
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 from vramlab import contract
@@ -21,6 +22,7 @@ REQUIRED_KEYS = ("action", "size")
 TEXT_STEP = 256 * 1024
 # One event (one line) may not pass this: deep stacks stay well under it.
 MAX_EVENT_BYTES = 1 * 2**20
+_DECODE = msgspec.json.Decoder(list[dict[str, Any]]).decode
 
 
 def _text(body: bytes, limit: int) -> Iterator[bytes]:
@@ -251,7 +253,11 @@ def chunk_lines(session: Session, experiment_id: str) -> Iterator[list[bytes]]:
 def parse_lines(lines: list[bytes]) -> list[dict[str, Any]]:
     """Stored lines as events, in one call: each line is one JSON object (checked when it
     was stored), so the lines joined by commas are one JSON array."""
-    events: list[dict[str, Any]] = json.loads(b"[" + b",".join(lines) + b"]")
+    text = b"[" + b",".join(lines) + b"]"
+    try:
+        events: list[dict[str, Any]] = _DECODE(text)  # the same values, in half the time
+    except msgspec.DecodeError:  # NaN, Infinity, a lone surrogate: json reads them
+        events = json.loads(text)
     return events
 
 
