@@ -7,7 +7,12 @@ Starts `vramlab serve` on a temporary SQLite file, registers as a worker, claims
 experiment and uploads the trace in gzip NDJSON chunks, then streams `ndjson`,
 `memory_viz` and `chrome` exports. Prints, per format, the bytes, the time, MB/s of the
 export, MB/s of the trace (its NDJSON size over the time) and the API process's resident
-memory at its highest during the export against before it.
+memory at its highest during the export against before it; beside each export, the
+reference measured in the same round: the stored chunks read from the database file and
+gunzipped in this process (what any export must at least do), as MB/s of the trace. The
+summary gives medians over ``--repeat`` rounds, each export's MB/s over the reference's,
+and whether it meets the issue's target (MB/s of the export: ndjson and memory_viz >= 50,
+chrome >= 20), saying so when it does not.
 
 `--baseline DIR` (another checkout of vramlab, e.g. the main branch) starts a second
 `vramlab serve` from DIR on the same database file and streams each format from both in
@@ -21,12 +26,14 @@ import itertools
 import json
 import os
 import random
+import sqlite3
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -135,7 +142,7 @@ def main() -> None:
         if args.baseline is not None:
             base = _serve(args.baseline.resolve(), database, tmp / "baseline.log")
             servers["baseline"] = stack.enter_context(base)
-        measure(servers, *upload, args.repeat)
+        measure(servers, *upload, args.repeat, tmp / "bench.db")
 
 
 class _serve:
@@ -229,27 +236,67 @@ def _upload(client: httpx.Client, n_events: int, chunk: int) -> tuple[str, int]:
     return exp_id, ndjson_bytes
 
 
+TARGETS = {"ndjson": 50.0, "memory_viz": 50.0, "chrome": 20.0}  # MB/s of the export
+
+
 def measure(
-    servers: dict[str, tuple[httpx.Client, int]], exp_id: str, ndjson_bytes: int, repeat: int
+    servers: dict[str, tuple[httpx.Client, int]],
+    exp_id: str,
+    ndjson_bytes: int,
+    repeat: int,
+    database: Path,
 ) -> None:
     print(
         f"{'format':<11} {'server':<9} {'MB':>8} {'s':>7} {'MB/s':>7} {'trace MB/s':>11} "
-        f"{'API RSS MB':>16}"
+        f"{'API RSS MB':>16} {'gunzip MB/s':>12}"
     )
     for fmt in ("ndjson", "memory_viz", "chrome"):
         times: dict[str, list[float]] = {name: [] for name in servers}
+        refs: list[float] = []
+        peaks: list[float] = []
+        befores: list[float] = []
+        size = 0
         for _ in range(repeat):
             for name, (client, pid) in servers.items():
+                ref = _reference(database, exp_id)
+                refs.append(ref)
                 size, elapsed, rss = _export(client, pid, exp_id, fmt)
                 times[name].append(elapsed)
+                if name == "ours":
+                    peaks.append(rss.peak / 1e6)
+                    befores.append(rss.before / 1e6)
                 print(
                     f"{fmt:<11} {name:<9} {size / 1e6:8.1f} {elapsed:7.2f} "
                     f"{size / 1e6 / elapsed:7.1f} {ndjson_bytes / 1e6 / elapsed:11.1f} "
-                    f"{rss.before / 1e6:7.0f} -> {rss.peak / 1e6:5.0f}"
+                    f"{rss.before / 1e6:7.0f} -> {rss.peak / 1e6:5.0f} "
+                    f"{ndjson_bytes / 1e6 / ref:12.1f}"
                 )
+        took = statistics.median(times["ours"])
+        mbs, ref_mbs = size / 1e6 / took, ndjson_bytes / 1e6 / statistics.median(refs)
+        verdict = "meets" if mbs >= TARGETS[fmt] else "BELOW"
+        print(
+            f"{fmt:<11} median {took:.2f} s, {mbs:.1f} MB/s of the export "
+            f"({ndjson_bytes / 1e6 / took:.1f} of the trace); gunzip reference "
+            f"{ref_mbs:.1f} MB/s of the trace: trace MB/s / reference "
+            f"{ndjson_bytes / 1e6 / took / ref_mbs:.2f}; API RSS "
+            f"{statistics.median(befores):.0f} -> {max(peaks):.0f} MB at most; "
+            f"{verdict} its target of {TARGETS[fmt]:.0f} MB/s"
+        )
         if "baseline" in times:
-            ratio = statistics.median(times["baseline"]) / statistics.median(times["ours"])
+            ratio = statistics.median(times["baseline"]) / took
             print(f"{fmt:<11} baseline time / ours: {ratio:.2f}x")
+
+
+def _reference(database: Path, exp_id: str) -> float:
+    """Seconds to read the stored chunks from the database file and gunzip them."""
+    started = time.perf_counter()
+    with sqlite3.connect(database) as conn:
+        rows = conn.execute(
+            "SELECT data FROM trace_chunks WHERE experiment_id = ? ORDER BY seq", (exp_id,)
+        )
+        for (data,) in rows:
+            zlib.decompress(data, wbits=31)
+    return time.perf_counter() - started
 
 
 def _export(client: httpx.Client, pid: int, exp_id: str, fmt: str) -> tuple[int, float, PeakRss]:

@@ -105,7 +105,8 @@ EXPORTS = {
 def _export(db: Database, experiment_id: str, device: str, format: str) -> Iterator[bytes]:
     with db.session(write=False) as s:
         if format == "memory_viz":
-            yield from memory_viz.export(traces.iter_line_blocks(s, experiment_id), device)
+            blocks = traces.ahead(traces.iter_line_blocks(s, experiment_id))
+            yield from memory_viz.export(blocks, device)
         else:
             batches = traces.iter_event_batches(s, experiment_id)
             yield from exports.chrome_batches(batches, experiment_id, device)

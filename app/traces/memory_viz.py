@@ -18,6 +18,7 @@ from typing import Any
 
 from app.traces import viz_records, viz_rows, viz_segments
 from app.traces.replay import FREES, SEGMENT_GROWS, SEGMENT_SHRINKS
+from app.traces.viz_live import LiveBlocks
 from app.traces.viz_pickle import ACTIONS, CLOSE_TRACES, END, appends, open_traces
 
 Event = dict[str, Any]
@@ -38,7 +39,7 @@ class State:
     frames), segments by address (size, stream), addresses whose free was requested, and
     whether a block with frames was ever alive (a free without frames takes them)."""
 
-    live: dict[Any, tuple[int, Any, Any]] = field(default_factory=dict)
+    live: LiveBlocks = field(default_factory=LiveBlocks)
     segments: dict[int, tuple[int, Any]] = field(default_factory=dict)
     pending: set[Any] = field(default_factory=set)
     frames_seen: bool = False
@@ -64,7 +65,7 @@ def export(
             yield from _entries(events, state)
     yield CLOSE_TRACES
     if given_segments is None:
-        yield from viz_segments.write(state.live, state.segments, slot)
+        yield from viz_segments.write(state.live.as_dict(), state.segments, slot)
     else:
         for start in range(0, len(given_segments), viz_rows.BATCH):
             yield appends(given_segments[start : start + viz_rows.BATCH])
@@ -73,7 +74,7 @@ def export(
 
 def _entries(events: list[Event], state: State) -> Iterator[bytes]:
     """Events one by one: the general path, for any block."""
-    live, segments, pending = state.live, state.segments, state.pending
+    live, segments, pending = state.live.as_dict(), state.segments, state.pending
     actions = _VIZ_ACTIONS
     entries: list[Event] = []
     add = entries.append

@@ -2,10 +2,13 @@
 
 import gzip
 import json
+import queue
+import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Any
 
+import msgspec
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 from vramlab import contract
@@ -19,6 +22,7 @@ REQUIRED_KEYS = ("action", "size")
 TEXT_STEP = 256 * 1024
 # One event (one line) may not pass this: deep stacks stay well under it.
 MAX_EVENT_BYTES = 1 * 2**20
+_DECODE = msgspec.json.Decoder(list[dict[str, Any]]).decode
 
 
 def _text(body: bytes, limit: int) -> Iterator[bytes]:
@@ -179,7 +183,9 @@ def iter_ndjson(session: Session, experiment_id: str, piece: int = 2**20) -> Ite
             yield rest
 
 
-def iter_line_blocks(session: Session, experiment_id: str, piece: int = 2**20) -> Iterator[bytes]:
+def iter_line_blocks(
+    session: Session, experiment_id: str, piece: int = 2**20
+) -> Generator[bytes, None, None]:
     """The stored NDJSON in blocks of whole lines (about ``piece`` bytes each, one line
     more where a line is longer): what ``iter_ndjson`` yields, cut after a newline."""
     rest = b""
@@ -194,6 +200,49 @@ def iter_line_blocks(session: Session, experiment_id: str, piece: int = 2**20) -
         raise RuntimeError("stored trace text does not end with a newline")
 
 
+def ahead(pieces: Generator[bytes, None, None], depth: int = 4) -> Iterator[bytes]:
+    """``pieces`` made in a thread of their own, at most ``depth`` ahead of the reader, so
+    decompressing (zlib lets go of the GIL) overlaps with what the reader does with the
+    piece before. Only that thread touches ``pieces`` (and its session); when the reader
+    stops, early or not, the thread closes ``pieces`` and is joined."""
+    ready: queue.Queue[tuple[bytes | None, BaseException | None]] = queue.Queue(depth)
+    stop = threading.Event()
+
+    def give(item: tuple[bytes | None, BaseException | None]) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for piece in pieces:
+                if not give((piece, None)):
+                    return
+            give((None, None))
+        except BaseException as exc:  # handed to the reader, raised there
+            give((None, exc))
+        finally:
+            pieces.close()
+
+    thread = threading.Thread(target=produce, name="trace-read-ahead", daemon=True)
+    thread.start()
+    try:
+        while True:
+            piece, error = ready.get()
+            if error is not None:
+                raise error
+            if piece is None:
+                return
+            yield piece
+    finally:
+        stop.set()
+        thread.join()
+
+
 def chunk_lines(session: Session, experiment_id: str) -> Iterator[list[bytes]]:
     """Each stored chunk's lines (one event each, as stored), one chunk at a time."""
     for seq in _chunk_seqs(session, experiment_id):
@@ -204,7 +253,11 @@ def chunk_lines(session: Session, experiment_id: str) -> Iterator[list[bytes]]:
 def parse_lines(lines: list[bytes]) -> list[dict[str, Any]]:
     """Stored lines as events, in one call: each line is one JSON object (checked when it
     was stored), so the lines joined by commas are one JSON array."""
-    events: list[dict[str, Any]] = json.loads(b"[" + b",".join(lines) + b"]")
+    text = b"[" + b",".join(lines) + b"]"
+    try:
+        events: list[dict[str, Any]] = _DECODE(text)  # the same values, in half the time
+    except msgspec.DecodeError:  # NaN, Infinity, a lone surrogate: json reads them
+        events = json.loads(text)
     return events
 
 

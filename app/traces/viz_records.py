@@ -14,24 +14,35 @@ takes the general path (``memory_viz``), which gives the same entries event by e
 from collections import deque
 from dataclasses import dataclass
 from itertools import repeat
-from typing import Annotated, Any
+from operator import attrgetter
+from typing import Annotated, Any, Literal
 
 import msgspec
 import numpy as np
 
 from app.traces import viz_rows
 from app.traces.replay import FREES, SEGMENT_GROWS, SEGMENT_SHRINKS
+from app.traces.viz_live import LiveBlocks
 from app.traces.viz_pickle import ACTIONS, BINGET, EMPTY_DICT, EMPTY_LIST, MARK, SETITEMS, SLOT
 
 BATCH = viz_rows.BATCH  # entries per MARK ... APPENDS: a bounded stack in the unpickler
 _TIME_EXACT = 2**53  # larger times would not survive the float column exactly
 
 
+# Action codes: the snapshot's actions, then ours that become one of them or nothing.
+_NAMES: tuple[str | None, ...] = (*ACTIONS, "free", "mark", None)
+_CODE = {name: i for i, name in enumerate(_NAMES)}
+# The known actions as a Literal: msgspec matches them without making a string an event
+# (a third less time decoding), and an unknown action does not decode.
+_Action = Literal[tuple(n for n in _NAMES if n is not None)]  # type: ignore[valid-type]
+
+
 class _Event(msgspec.Struct, gc=False):
     """The fields of a stored event that the format reads; the others are skipped. A
-    block with frames, or with events from before an imported trace, does not decode."""
+    block with frames, with events from before an imported trace, or with an action of
+    no known kind does not decode."""
 
-    action: str | None = None
+    action: _Action | None = None  # type: ignore[valid-type]
     addr: int | None = None
     size: int | None = None
     stream: int | None = None
@@ -42,9 +53,6 @@ class _Event(msgspec.Struct, gc=False):
 
 DECODER = msgspec.json.Decoder(_Event)
 
-# Action codes: the snapshot's actions, then ours that become one of them or nothing.
-_NAMES: tuple[str | None, ...] = (*ACTIONS, "free", "mark", None)
-_CODE = {name: i for i, name in enumerate(_NAMES)}
 _SKIPPED = _CODE["mark"]  # this code and those after it write no entry
 # The memo slot of the action each code writes ("free" is written "free_completed").
 _OUT_SLOT = np.array(
@@ -104,17 +112,17 @@ def decode(block: bytes) -> Columns | None:
         events = DECODER.decode_lines(block)
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
-    code = np.array(list(map(_CODE.get, [e.action for e in events], repeat(-1))), np.int8)
-    addrs = [e.addr for e in events]
-    no_addr = np.zeros(len(addrs), bool)
-    if None in addrs:
-        no_addr = np.array([a is None for a in addrs], bool)
-        addrs = [0 if a is None else a for a in addrs]
+    n = len(events)
+    code = np.fromiter(map(_CODE.get, map(_GET["action"], events), repeat(-1)), np.int8, n)
     try:
-        addr = np.array(addrs, np.int64)
-        size = np.array(_or_zero([e.size for e in events]), np.int64)
-        stream = np.array(_or_zero([e.stream for e in events]), np.int64)
-        t_us = np.array([e.t_us for e in events], np.float64)  # a null is NaN
+        addr, no_addr = _column(events, "addr", np.int64), np.zeros(n, bool)
+        if addr.dtype != np.int64:  # a null
+            addrs = addr.tolist()
+            no_addr = np.array([a is None for a in addrs], bool)
+            addr = np.array([0 if a is None else a for a in addrs], np.int64)
+        size = _column(events, "size", np.int64)
+        stream = _column(events, "stream", np.int64)
+        t_us = _column(events, "t_us", np.float64)  # a null is NaN
     except OverflowError:
         return None
     if (code < 0).any() or (no_addr & (_FREE[code] | _REQUESTED[code])).any():
@@ -125,9 +133,23 @@ def decode(block: bytes) -> Columns | None:
     return Columns(code, addr, no_addr, size, stream, t_us.astype(np.int64))  # int() truncates
 
 
-def _or_zero(values: list[int | None]) -> list[int]:
-    """``int(value or 0)`` for ints or nulls; a list without a null is given back."""
-    return [v or 0 for v in values] if None in values else values  # type: ignore[return-value]
+_GET = {name: attrgetter(name) for name in ("action", "addr", "size", "stream", "t_us")}
+
+
+def _column(events: list[_Event], name: str, dtype: type) -> np.ndarray:
+    """A field of every event in one array, without a list between; where a value is
+    null: NaN in a float column, 0 in an int column, except ``addr``, which comes back
+    as objects (None kept) for ``decode`` to mark."""
+    values = map(_GET[name], events)
+    try:
+        return np.fromiter(values, dtype, len(events))
+    except TypeError:  # a null
+        listed = list(map(_GET[name], events))
+        if dtype is np.float64:
+            return np.array(listed, np.float64)
+        if name == "addr":
+            return np.array(listed, object)
+        return np.array([v or 0 for v in listed], np.int64)
 
 
 def _pop_all(d: dict[Any, Any], keys: list[Any]) -> None:
@@ -135,14 +157,14 @@ def _pop_all(d: dict[Any, Any], keys: list[Any]) -> None:
 
 
 def _last(keys: np.ndarray) -> np.ndarray:
-    """The position of the last occurrence of each distinct key."""
+    """The position of the last occurrence of each distinct key, in the keys' order."""
     _, first_from_end = np.unique(keys[::-1], return_index=True)
     return len(keys) - 1 - first_from_end
 
 
 def apply(
     c: Columns,
-    live: dict[Any, tuple[int, Any, Any]],
+    live: LiveBlocks,
     segments: dict[int, tuple[int, Any]],
     pending: set[Any],
 ) -> np.ndarray:
@@ -153,11 +175,8 @@ def apply(
     # Blocks: what the last alloc or free of each address left.
     touched = np.flatnonzero((is_alloc | is_free) & has_addr)
     if touched.size:
-        last = touched[_last(c.addr[touched])]
-        _pop_all(live, c.addr[last[is_free[last]]].tolist())
-        born = last[is_alloc[last]]
-        values = zip(c.size[born].tolist(), c.stream[born].tolist(), repeat(None), strict=False)
-        live.update(zip(c.addr[born].tolist(), values, strict=True))
+        last = touched[_last(c.addr[touched])]  # by address
+        live.update(c.addr[last], is_alloc[last], c.size[last], c.stream[last])
     # Segments, the same way.
     is_grow = _GROW[c.code]
     touched = np.flatnonzero((is_grow | _SHRINK[c.code]) & has_addr)

@@ -77,6 +77,44 @@ _LONE: viz_rows.Spec = (
     _ref("state") + _ref("active_allocated") + _ref("frames") + EMPTY_LIST + SETITEMS,
     APPEND + SETITEMS,
 )
+# A recorded segment with no live block: one inactive block, the whole segment.
+_EMPTY: viz_rows.Spec = (
+    EMPTY_DICT + MARK + _ref("device"),
+    ("int", "device"),
+    _ref("address"),
+    ("int", "addr"),
+    _ref("total_size"),
+    ("int", "size"),
+    _ref("allocated_size"),
+    ("int", "zero"),
+    _ref("active_size"),
+    ("int", "zero"),
+    _ref("requested_size"),
+    ("int", "zero"),
+    _ref("stream"),
+    ("int", "stream"),
+    _ref("segment_type") + BINGET,
+    ("byte", "type"),
+    _ref("segment_pool_id")
+    + int_opcode(0) * 2
+    + TUPLE2
+    + _ref("is_expandable")
+    + NEWFALSE
+    + _ref("frames")
+    + EMPTY_LIST
+    + _ref("blocks")
+    + EMPTY_LIST
+    + EMPTY_DICT
+    + MARK
+    + _ref("address"),
+    ("int", "addr"),
+    _ref("size"),
+    ("int", "size"),
+    _ref("requested_size"),
+    ("int", "zero"),
+    _ref("state") + _ref("inactive") + _ref("frames") + EMPTY_LIST + SETITEMS,
+    APPEND + SETITEMS,
+)
 
 
 def write(live: Live, segments: dict[int, tuple[int, Any]], device: int) -> Iterator[bytes]:
@@ -84,20 +122,50 @@ def write(live: Live, segments: dict[int, tuple[int, Any]], device: int) -> Iter
     blocks = sorted(live.items(), key=lambda item: item[0] or 0)
     addrs = [addr or 0 for addr, _ in blocks]
     placed = [False] * len(blocks)
-    batch: list[dict[str, Any]] = []
+    recorded: list[tuple[int, int, Any, int, int]] = []
     for addr, (size, stream) in sorted(segments.items()):
         # The blocks in [addr, addr + size): a slice of the sorted blocks, found by bisection
         # (a scan of every block for every segment was quadratic on long traces).
         first, end = bisect.bisect_left(addrs, addr), bisect.bisect_left(addrs, addr + size)
-        batch.append(_segment(device, addr, size, stream, blocks[first:end]))
+        recorded.append((addr, size, stream, first, end))
         placed[first:end] = [True] * (end - first)
-        if len(batch) == viz_rows.BATCH:
-            yield appends(batch)
-            batch = []
-    if batch:
-        yield appends(batch)
+    # Segments that hold no live block (cached, or emptied by the end) are one shape.
+    for empty, run in itertools.groupby(recorded, key=lambda r: r[3] == r[4]):
+        rows = list(run)
+        for start in range(0, len(rows), _ROWS if empty else viz_rows.BATCH):
+            part = rows[start : start + (_ROWS if empty else viz_rows.BATCH)]
+            columns = _empty_columns(device, part) if empty else None
+            if columns is not None:
+                yield viz_rows.appended(_EMPTY, columns, len(part))
+                continue
+            for one in range(0, len(part), viz_rows.BATCH):
+                yield appends(
+                    [
+                        _segment(device, addr, size, stream, blocks[first:end])
+                        for addr, size, stream, first, end in part[one : one + viz_rows.BATCH]
+                    ]
+                )
     lone = [b for b, inside in zip(blocks, placed, strict=True) if not inside and b[0] is not None]
     yield from _lone(device, lone)
+
+
+def _empty_columns(
+    device: int, rows: list[tuple[int, int, Any, int, int]]
+) -> dict[str, np.ndarray] | None:
+    """Recorded segments without a live block as columns, or None past 64 bits."""
+    streams = [int(stream or 0) for _, _, stream, _, _ in rows]
+    try:
+        size = np.array([size for _, size, _, _, _ in rows], np.int64)
+        return {
+            "device": np.full(len(rows), device, np.int64),
+            "addr": np.array([addr for addr, _, _, _, _ in rows], np.int64),
+            "size": size,
+            "zero": np.zeros(len(rows), np.int64),
+            "stream": np.array(streams, np.int64),
+            "type": np.where(size >= _LARGE_SEGMENT, SLOT["large"], SLOT["small"]).astype(np.uint8),
+        }
+    except OverflowError:
+        return None
 
 
 def _lone(device: int, lone: list[tuple[Any, tuple[int, Any, Any]]]) -> Iterator[bytes]:

@@ -38,6 +38,21 @@ def test_filtered_ndjson_keeps_the_matching_lines(client: httpx.Client) -> None:
     assert response.content == _stored([wanted])
 
 
+def test_filtered_streams_read_values_only_python_json_reads(client: httpx.Client) -> None:
+    """A stored event may hold NaN (the upload's check reads JSON as Python does): the
+    filtered NDJSON and the Chrome trace read it as before."""
+    rows = events()
+    rows[3] = {**rows[3], "t_us": float("nan"), "note": float("inf")}
+    exp_id = upload(client, MATMUL, [rows])
+    response = client.get(
+        f"/v1/experiments/{exp_id}/trace", params={"format": "ndjson", "min_size": 1}
+    )
+    assert response.status_code == 200
+    assert json.dumps(rows[3]).encode() + b"\n" in response.content
+    chrome = client.get(f"/v1/experiments/{exp_id}/trace", params={"format": "chrome"})
+    assert chrome.status_code == 200 and b"NaN" in chrome.content
+
+
 def test_memory_viz_places_live_blocks_in_their_segments(client: httpx.Client) -> None:
     # Many segments, each with a live block at its start and one freed: every segment
     # must hold exactly its own block, and a block outside all segments gets its own.
