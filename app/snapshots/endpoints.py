@@ -268,7 +268,8 @@ def _memory_viz(db: Database, snapshot_id: str, device: str) -> Iterator[bytes]:
     with db.session(write=False) as s:
         exp = snapshots.get(s, snapshot_id)
         segments = snapshots.segments(s, exp)
-        yield from memory_viz.export(traces.iter_line_blocks(s, snapshot_id), device, segments)
+        blocks = traces.ahead(traces.iter_line_blocks(s, snapshot_id))
+        yield from memory_viz.export(blocks, device, segments)
 
 
 @router.get(

@@ -6,7 +6,7 @@ from collections.abc import Generator
 
 import pytest
 
-from app.services import traces
+from app.traces import service as traces
 
 
 def _source(n: int, log: list[str], fail_at: int | None = None) -> Generator[bytes, None, None]:
