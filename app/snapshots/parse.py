@@ -33,11 +33,13 @@ from vramlab.contract import MEMORY_VIZ_ACTIONS, Figure, SnapshotFigures
 
 from app.snapshots import categories as cat
 from app.snapshots import safe_pickle
+from app.snapshots.evidence import Timeline
 from app.snapshots.segments import summarise_segments
 
 MAX_FRAMES = 256
 TOP = 20
 MAX_OOMS = 50
+MAX_REASONS = 10
 ACTIONS = frozenset(MEMORY_VIZ_ACTIONS)
 # PyTorch names the completion of a free "free_completed"; vramlab's schema says "free".
 RENAME = {"free_completed": "free"}
@@ -362,7 +364,7 @@ def _num(value: Any) -> str:
 
 
 def _block_out(
-    seq: int, addr: Any, size: int, t_us: float, frames: Any, category: str
+    seq: int, addr: Any, size: int, t_us: float, frames: Any, category: str, reason: str = ""
 ) -> dict[str, Any]:
     return {
         "addr": addr,
@@ -372,6 +374,7 @@ def _block_out(
         "phase": None,
         "frames": [json.loads(f) for f in _frames_json(frames)],
         "category": category,
+        "reason": reason,
     }
 
 
@@ -422,8 +425,11 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
     offset = seq
     peak_at = replay.peak_index
     alive: dict[Any, Live] = dict(live) if peak_at < 0 else {}
-    fates: dict[int, tuple[int, bool, int, int, int]] = {}  # seq -> free seq, zero_grad, lasts
-    last = [-1, -1, -1]  # latest backward, forward, optimizer allocation (seq)
+    fates: dict[int, cat.Fate] = {}  # seq of a block alive at the peak -> how it ended
+    timeline = Timeline()
+    workspace_at = (-2, -1)  # the latest workspace-sized allocation: seq, site
+    after_workspace: set[int] = set()  # allocations right after one, from the same site
+    prev = ""
     zero_grad_addrs: set[Any] = set()
     ooms: list[dict[str, Any]] = []
     n_ooms = 0
@@ -477,14 +483,17 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
         writer.add(line + "}")
         if action == "alloc":
             where = stacks.site(key, frames)
-            if where == cat.BACKWARD:
-                last[0] = seq
-            elif where == cat.FORWARD:
-                last[1] = seq
-            elif where == cat.OPTIMIZER:
-                last[2] = seq
-            live[addr] = (block_size(size), seq, where, frames, t_us, key)
-        elif action == "free_requested":
+            timeline.see(seq, where, where == cat.OPTIMIZER and stacks.zero_grad(key, frames), True)
+            if size in cat.WORKSPACE_SIZES:
+                workspace_at = (seq, where)
+            elif workspace_at[1] == where and workspace_at[0] == seq - 1 - (
+                prev == "segment_alloc"
+            ):
+                after_workspace.add(seq)
+            live[addr] = (block_size(size), seq, timeline.where(where), frames, t_us, key)
+        elif own and action in FREE_ACTIONS:
+            timeline.see(seq, stacks.site(key, frames), stacks.zero_grad(key, frames), False)
+        if action == "free_requested":
             if key and stacks.zero_grad(key, frames):
                 zero_grad_addrs.add(addr)
         elif action == "free_completed":
@@ -492,30 +501,28 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
             zero = addr in zero_grad_addrs or (bool(key) and stacks.zero_grad(key, frames))
             zero_grad_addrs.discard(addr)
             if block is not None and block[1] in alive_seqs(alive, addr, block):
-                fates[block[1]] = (seq, zero, last[0], last[1], last[2])
+                fates[block[1]] = cat.Fate(seq, zero, timeline.now())
         if i == peak_at:
             alive = dict(live)
+        prev = action
         seq += 1
     writer.flush()
 
     by_category: dict[str, list[int]] = {c: [0, 0] for c in cat.CATEGORIES}
-    blocks_out: list[tuple[int, int, Any, float, Any, str]] = []
+    by_reason: dict[tuple[str, str], list[int]] = {}
+    blocks_out: list[tuple[int, int, Any, float, Any, str, str]] = []
+    at_end = cat.Fate(None, False, timeline.now())
     for baddr, (size, bseq, where, frames, bt, _) in alive.items():
-        fate = fates.get(bseq)
-        name = cat.category(
-            where,
-            bseq,
-            fate[0] if fate else None,
-            fate[1] if fate else False,
-            fate[2] if fate else last[0],
-            fate[3] if fate else last[1],
-            fate[4] if fate else last[2],
-        )
+        fate = fates.get(bseq, at_end)
+        name, reason = cat.decide(where, bseq, size, bseq < offset, fate, bseq in after_workspace)
         by_category[name][0] += size
         by_category[name][1] += 1
-        blocks_out.append((size, bseq, baddr, bt, frames, name))
+        counts = by_reason.setdefault((name, reason), [0, 0])
+        counts[0] += size
+        counts[1] += 1
+        blocks_out.append((size, bseq, baddr, bt, frames, name, reason))
     blocks_out.sort(key=lambda b: (-b[0], b[1]))
-    top_alive = [_block_out(q, a, s, t, f, c) for s, q, a, t, f, c in blocks_out[:TOP]]
+    top_alive = [_block_out(q, a, s, t, f, c, r) for s, q, a, t, f, c, r in blocks_out[:TOP]]
     largest = []
     for size, neg in sorted(replay.largest, reverse=True):
         e = trace[-neg]
@@ -577,6 +584,7 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
                 "blocks": by_category[c][1],
                 "rule": cat.RULES[c],
                 "inference": True,
+                "reasons": _reasons(by_reason, c),
             }
             for c in cat.CATEGORIES
         ],
@@ -592,6 +600,17 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
         "environment": _plain_dict(environment),
         "allocator_settings": _plain_dict(settings),
     }
+
+
+def _reasons(by_reason: dict[tuple[str, str], list[int]], category: str) -> list[dict[str, Any]]:
+    """The evidence that put blocks in ``category``, most bytes first."""
+    rows: list[dict[str, Any]] = [
+        {"reason": reason, "bytes": n[0], "blocks": n[1]}
+        for (c, reason), n in by_reason.items()
+        if c == category
+    ]
+    rows.sort(key=lambda r: (-r["bytes"], r["reason"]))
+    return rows[:MAX_REASONS]
 
 
 def alive_seqs(alive: dict[Any, Live], addr: Any, block: Live) -> tuple[int, ...]:
