@@ -148,7 +148,12 @@ def decide(
                 f"{size} bytes (a cuBLAS workspace's size), made where matmuls run, never freed",
             )
         if after_workspace and size == LT_WORKSPACE_SIZE:
-            return T, "1 MiB made right after a cuBLAS workspace, never freed (cuBLASLt's)"
+            if where in (AUTOGRAD, EMPTY):  # no frames to say it was the same op
+                return U, (
+                    "1 MiB made with no frames right after a cuBLAS workspace, never freed "
+                    "(cuBLASLt's workspace or a gradient)"
+                )
+            return T, "1 MiB made right after a cuBLAS workspace by the same op (cuBLASLt's)"
     if fate.zero_grad:
         return G, "freed inside Optimizer.zero_grad"
     if where in (BACKWARD, AUTOGRAD):
@@ -176,6 +181,11 @@ def decide(
         return T, "made in an optimizer step, freed within it"
     if where == FORWARD:
         if clock.backward_start > seq:
+            if kept and clock.in_backward:
+                return U, (
+                    "made in a forward, alive when the trace ended inside a later backward "
+                    "(saved for it, or an output still held)"
+                )
             if kept:
                 return U, "made in a forward, never freed (an output still held, or a workspace)"
             return A, "made in a forward, freed after a later backward began (saved for it)"

@@ -427,8 +427,8 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
     alive: dict[Any, Live] = dict(live) if peak_at < 0 else {}
     fates: dict[int, cat.Fate] = {}  # seq of a block alive at the peak -> how it ended
     timeline = Timeline()
-    workspace_at = (-2, -1)  # the latest workspace-sized allocation: seq, site
-    after_workspace: set[int] = set()  # allocations right after one, from the same site
+    workspace_at = (-2, "")  # the latest workspace-sized allocation: seq, its stack
+    after_workspace: set[int] = set()  # allocations right after one, by the same stack
     prev = ""
     zero_grad_addrs: set[Any] = set()
     ooms: list[dict[str, Any]] = []
@@ -485,11 +485,11 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
             where = stacks.site(key, frames)
             timeline.see(seq, where, where == cat.OPTIMIZER and stacks.zero_grad(key, frames), True)
             if size in cat.WORKSPACE_SIZES:
-                workspace_at = (seq, where)
-            elif workspace_at[1] == where and workspace_at[0] == seq - 1 - (
-                prev == "segment_alloc"
+                workspace_at = (seq, stacks.json(key, frames) if key else "")
+            elif workspace_at[0] == seq - 1 - (prev == "segment_alloc") and workspace_at[1] == (
+                stacks.json(key, frames) if key else ""
             ):
-                after_workspace.add(seq)
+                after_workspace.add(seq)  # the same stack: the same op
             live[addr] = (block_size(size), seq, timeline.where(where), frames, t_us, key)
         elif own and action in FREE_ACTIONS:
             timeline.see(seq, stacks.site(key, frames), stacks.zero_grad(key, frames), False)

@@ -64,7 +64,9 @@ class Recording:
     """Entries as the allocator records them: alloc, free_requested then free_completed,
     segment_alloc before a block that needed a new segment."""
 
-    def __init__(self) -> None:
+    def __init__(self, context: str = "all") -> None:
+        self.context = context
+        self.stacks: dict[int, list[dict[str, Any]]] = {}
         self.entries: list[dict[str, Any]] = []
         self.t = 1_700_000_000_000_000
         self.small = BASE
@@ -73,7 +75,11 @@ class Recording:
     def _add(self, action: str, addr: int, size: int, frames: list[dict[str, Any]]) -> None:
         self.t += 5
         entry = {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": self.t}
-        self.entries.append({**entry, "frames": list(frames)})
+        if self.context == "alloc" and action.startswith("free"):
+            stack = self.stacks[addr]  # the very list its allocation recorded
+        else:
+            stack = self.stacks[addr] = list(frames)
+        self.entries.append({**entry, "frames": stack})
 
     def alloc(self, size: int, frames: list[dict[str, Any]], segment: bool = False) -> int:
         if segment:
@@ -91,12 +97,20 @@ class Recording:
         self._add("free_completed", addr, size, frames)
 
 
-def adam_loop(steps: int = 2, layers: int = 2, param: int = MiB, act: int = MiB // 4) -> Any:
+def adam_loop(
+    steps: int = 2,
+    layers: int = 2,
+    param: int = MiB,
+    act: int = MiB // 4,
+    context: str = "all",
+    set_to_none: bool = True,
+) -> Any:
     """``layers`` Linear layers, AdamW (foreach), ``loss.backward()``, ``opt.step()``,
-    ``opt.zero_grad(set_to_none=True)``; the peak is inside the first step, where Adam
-    makes its two moments while the gradients are alive. Returns the snapshot and the
+    ``opt.zero_grad(set_to_none=...)``; the peak is inside the first step, where Adam
+    makes its two moments while the gradients are alive. ``context="alloc"``: frees carry
+    their allocation's stack (PyTorch's ``context="alloc"``). Returns the snapshot and the
     truth at that peak (bytes by category)."""
-    r = Recording()
+    r = Recording(context)
     for _ in range(layers):
         r.alloc(param, TO)
     for step in range(steps):
@@ -113,7 +127,8 @@ def adam_loop(steps: int = 2, layers: int = 2, param: int = MiB, act: int = MiB 
             tmp = r.alloc(act, NONE)
             if step == 0 and n == 0:
                 r.alloc(WORKSPACE, NONE, segment=True)  # autograd's thread's own handle
-            grads.append(r.alloc(param, NONE))
+            if set_to_none or step == 0:
+                grads.append(r.alloc(param, NONE))
             r.free(tmp, act, NONE)
             r.free(outs[-1 - n], act, NONE)  # the saved activation, released by backward
         r.free(seed, 4, BACKWARD_RETURN)
@@ -123,7 +138,7 @@ def adam_loop(steps: int = 2, layers: int = 2, param: int = MiB, act: int = MiB 
         tmps = [r.alloc(param, ADAM_TMP) for _ in range(layers)]
         for t in tmps:
             r.free(t, param, ADAM_FREE)
-        for g in grads:
+        for g in grads if set_to_none else ():
             r.free(g, param, ZERO_GRAD)
         r.free(loss, 512, PROGRAM)
         r.free(x, act, PROGRAM)
@@ -135,6 +150,44 @@ def adam_loop(steps: int = 2, layers: int = 2, param: int = MiB, act: int = MiB 
         "temporaries": 2 * WORKSPACE + layers * param,
         "other": act + 512,  # the batch and the loss, made by the program itself
         "unknown": 0,
+    }
+    snapshot = {"segments": [], "device_traces": [r.entries], "allocator_settings": {}}
+    return snapshot, truth
+
+
+def oom_in_backward(layers: int = 2, param: int = MiB, act: int = MiB // 4) -> Any:
+    """A loop that stops inside its first backward (an out-of-memory error there), with a
+    block of no frames made outside any backward (another thread's). The gradients made
+    so far may be gradients or temporaries: the trace ends before backward returned."""
+    r = Recording()
+    for _ in range(layers):
+        r.alloc(param, TO)
+    x = r.alloc(act, BATCH)
+    r.alloc(act, NONE)  # no frames, outside backward: nothing says what it is
+    outs = [r.alloc(act, LINEAR) for _ in range(layers)]
+    r.alloc(WORKSPACE, LINEAR, segment=True)
+    r.alloc(512, LOSS)
+    r.alloc(4, MAKE_GRADS)
+    r.alloc(WORKSPACE, NONE, segment=True)
+    for n in range(layers):
+        tmp = r.alloc(act, NONE)
+        r.alloc(param, NONE)
+        if n < layers - 1:
+            r.free(tmp, act, NONE)
+            r.free(outs[-1 - n], act, NONE)
+    r._add("oom", 0, param, NONE)
+    del x
+    truth = {
+        "parameters": layers * param,
+        "gradients": 0,
+        "optimizer_state": 0,
+        "activations": 0,
+        "temporaries": 2 * WORKSPACE,
+        "other": act + 512,
+        # The gradients, the last temporary and the seed (one 512-byte block), the block of
+        # no frames outside backward, and the first layer's output (saved for the backward
+        # under way, or held by the program: the trace ends before it could tell).
+        "unknown": layers * param + act + 512 + act + act,
     }
     snapshot = {"segments": [], "device_traces": [r.entries], "allocator_settings": {}}
     return snapshot, truth

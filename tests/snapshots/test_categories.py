@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer, fresh_database, make_settings
-from tests.snapshots.loops import adam_loop
-from tests.snapshots.synthetic import dumps
+from tests.snapshots.loops import WORKSPACE, adam_loop, oom_in_backward
+from tests.snapshots.synthetic import MiB, dumps
 from tests.snapshots.test_import import imported
 
 
@@ -47,3 +47,75 @@ def test_gradients_made_on_autograds_thread_are_gradients(client: httpx.Client) 
         if cells
     }
     assert rows["gradients"] == "2.0 MiB"
+
+
+def reasons(snap: dict[str, Any], category: str) -> dict[str, int]:
+    (row,) = [c for c in snap["categories"] if c["category"] == category]
+    return {r["reason"]: r["bytes"] for r in row["reasons"]}
+
+
+def test_frees_with_their_allocations_stack_leave_the_time_order(client: httpx.Client) -> None:
+    # context="alloc": no free says where it was called, so zero_grad is not seen; the
+    # gradients are still the blocks made on autograd's thread that outlived the backward.
+    snapshot, truth = adam_loop(context="alloc")
+    snap = imported(client, dumps(snapshot))
+    assert by_category(snap) == truth
+    assert list(reasons(snap, "gradients")) == [
+        "made with no frames between a backward call and its return (autograd's thread), "
+        "alive after that backward returned"
+    ]
+    # Its temporaries were freed before that backward returned; none is alive at the peak.
+    assert "freed before it returned" not in str(reasons(snap, "temporaries"))
+
+
+def test_gradients_kept_by_zero_grad_without_set_to_none(client: httpx.Client) -> None:
+    snapshot, truth = adam_loop(set_to_none=False, param=2 * MiB)
+    snap = imported(client, dumps(snapshot))
+    assert by_category(snap) == truth
+    # A 1 MiB gradient made right after autograd's cuBLAS workspace, never freed, is also
+    # what cuBLASLt's workspace looks like with no frames: unknown, not a guess.
+    snapshot, truth = adam_loop(set_to_none=False, param=MiB)
+    snap = imported(client, dumps(snapshot))
+    assert by_category(snap) == {**truth, "gradients": MiB, "unknown": MiB}
+    assert list(reasons(snap, "unknown")) == [
+        "1 MiB made with no frames right after a cuBLAS workspace, never freed "
+        "(cuBLASLt's workspace or a gradient)"
+    ]
+
+
+def test_optimizer_state_is_what_outlives_its_step(client: httpx.Client) -> None:
+    snapshot, truth = adam_loop(steps=3)
+    snap = imported(client, dumps(snapshot))
+    assert by_category(snap) == truth
+    assert reasons(snap, "optimizer_state") == {
+        "made in an optimizer step, alive after that step ended": truth["optimizer_state"]
+    }
+    assert reasons(snap, "temporaries")["made in an optimizer step, freed within it"] == 2 * MiB
+    # One workspace per cuBLAS handle: the main thread's and autograd's.
+    workspace = reasons(snap, "temporaries")[
+        "33554432 bytes (a cuBLAS workspace's size), made where matmuls run, never freed"
+    ]
+    assert workspace == 2 * WORKSPACE
+
+
+def test_unknown_says_why_in_the_api_and_on_the_page(client: httpx.Client) -> None:
+    snapshot, truth = oom_in_backward()
+    snap = imported(client, dumps(snapshot))
+    assert by_category(snap) == truth
+    why = reasons(snap, "unknown")
+    autograd = "made with no frames between a backward call and its return (autograd's thread)"
+    assert why == {
+        f"{autograd}; the trace ends before it returned (a gradient or a temporary)": 2 * MiB
+        + MiB // 4,
+        "no frames, made outside any backward call (another thread or C++ code)": MiB // 4,
+        "made in backward; the trace ends before it returned (a gradient or a temporary)": 512,
+        "made in a forward, alive when the trace ended inside a later backward "
+        "(saved for it, or an output still held)": MiB // 4,
+    }
+    by_block = {b["reason"] for b in snap["alive_at_peak"] if b["category"] == "unknown"}
+    assert by_block == set(why)
+    page = client.get(f"/ui/snapshots/{snap['id']}").text
+    table = page[page.index('<table id="categories">') :]
+    table = table[: table.index("</table>")].replace("&#39;", "'")
+    assert all(reason in table for reason in why)
+    assert "the evidence does not decide" in table
