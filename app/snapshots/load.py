@@ -1,0 +1,154 @@
+"""Reading a PyTorch memory snapshot as data: the file (gunzipped within a bound, unpickled
+with no globals), its shape checked, the device chosen, what was alive before its first
+entry, and the fields of its entries read as the types they must be."""
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from vramlab.contract import MEMORY_VIZ_ACTIONS
+
+from app.snapshots import safe_pickle
+
+MAX_FRAMES = 256
+ACTIONS = frozenset(MEMORY_VIZ_ACTIONS)
+FREE_ACTIONS = ("free_requested", "free_completed")
+GROWS = ("segment_alloc", "segment_map")
+SHRINKS = ("segment_free", "segment_unmap")
+
+
+class Invalid(Exception):
+    """The data is a pickle of plain values but not a memory snapshot."""
+
+
+def block_size(n: int) -> int:
+    """The caching allocator's block for a request of ``n`` bytes: rounded up to 512.
+
+    Trace entries carry the size asked for; ``torch.cuda.memory_allocated`` counts blocks,
+    so vramlab's figures count them too (a block the allocator did not split can be larger
+    still; the trace cannot show that)."""
+    return (n + 511) & ~511 if n > 0 else 0
+
+
+def as_int(value: Any, what: str) -> int:
+    if type(value) is int or type(value) is bool:
+        return int(value)
+    raise Invalid(f"{what} is {type(value).__name__}, not an integer")
+
+
+def frame_json(frame: Any) -> str:
+    if type(frame) is not dict:
+        raise Invalid("a frame is not a dict")
+    filename = frame.get("filename", "")
+    name = frame.get("name", "")
+    line = frame.get("line", 0)
+    if type(filename) is not str or type(name) is not str or type(line) is not int:
+        raise Invalid("a frame needs a string filename and name and an integer line")
+    return json.dumps({"filename": filename, "line": line, "name": name}, ensure_ascii=False)
+
+
+def frames_json(frames: Any) -> Iterator[str]:
+    for frame in (frames or [])[:MAX_FRAMES]:
+        yield frame_json(frame)
+
+
+def num(value: Any) -> str:
+    if value is None:
+        return "null"
+    if type(value) is int:
+        return str(value)
+    if type(value) is float and math.isfinite(value):
+        return repr(value)
+    raise Invalid("a number in a trace entry is not a finite number")
+
+
+def check_entry(e: Any) -> str:
+    if type(e) is not dict:
+        raise Invalid("a trace entry is not a dict")
+    action = e.get("action")
+    if action not in ACTIONS:
+        raise Invalid(f"unknown trace action {str(action)[:40]!r}")
+    return str(action)
+
+
+def pick_device(traces: list[Any], segments: list[Any], asked: int | None) -> int:
+    if asked is not None:
+        return asked
+    if any(traces):
+        return max(range(len(traces)), key=lambda i: len(traces[i]))
+    counts: dict[int, int] = {}
+    for s in segments:
+        d = s.get("device", 0) if type(s) is dict else 0
+        if type(d) is int:
+            counts[d] = counts.get(d, 0) + 1
+    return max(counts, key=lambda d: counts[d]) if counts else 0
+
+
+def validate_top(data: Any) -> tuple[list[Any], list[Any]]:
+    if type(data) is not dict:
+        raise Invalid("a memory snapshot is a dict with 'segments' and 'device_traces'")
+    traces = data.get("device_traces", [])
+    segments = data.get("segments", [])
+    if type(traces) is not list or any(type(t) is not list for t in traces):
+        raise Invalid("'device_traces' must be a list of lists")
+    if type(segments) is not list or any(type(s) is not dict for s in segments):
+        raise Invalid("'segments' must be a list of dicts")
+    if "device_traces" not in data and "segments" not in data:
+        raise Invalid("a memory snapshot has 'segments' or 'device_traces'")
+    return traces, segments
+
+
+def pre_trace(
+    trace: list[Any], segments: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Segments and blocks that existed before the first entry: freed without an alloc in
+    the trace, or alive at the end (in the segments) with none."""
+    known: dict[Any, int] = {}
+    seg_known: dict[Any, int] = {}
+    blocks: dict[Any, dict[str, Any]] = {}
+    segs: dict[Any, dict[str, Any]] = {}
+    for e in trace:
+        action = e["action"]
+        addr = e.get("addr")
+        if action == "alloc":
+            known[addr] = 1
+        elif action == "free_completed":
+            if known.pop(addr, None) is None and addr not in blocks:
+                size = block_size(as_int(e.get("size", 0), "size"))
+                blocks[addr] = {"addr": addr, "size": size, "frames": []}
+        elif action in GROWS:
+            seg_known[addr] = 1
+        elif action in SHRINKS and seg_known.pop(addr, None) is None and addr not in segs:
+            segs[addr] = {"addr": addr, "size": as_int(e.get("size", 0), "size")}
+    for s in segments:
+        addr = s.get("address")
+        if addr not in seg_known and addr not in segs and not s.get("is_expandable"):
+            segs[addr] = {"addr": addr, "size": as_int(s.get("total_size", 0), "total_size")}
+        for b in s.get("blocks") or ():
+            if type(b) is not dict or not str(b.get("state", "")).startswith("active"):
+                continue
+            baddr = b.get("address")
+            if baddr not in known and baddr not in blocks:
+                frames = b.get("frames") or []
+                blocks[baddr] = {
+                    "addr": baddr,
+                    "size": as_int(b.get("size", 0), "block size"),
+                    "frames": frames if type(frames) is list else [],
+                }
+    return list(segs.values()), list(blocks.values())
+
+
+def load(src: Path, out: Path, max_expanded: int, delete_src: bool) -> tuple[Any, int]:
+    with src.open("rb") as f:
+        magic = f.read(2)
+    if magic == safe_pickle.GZIP_MAGIC:
+        raw = out / "snapshot.pickle"
+        with src.open("rb") as f, raw.open("wb") as dst:
+            safe_pickle.gunzip_to(f, dst, max_expanded)
+        if delete_src:  # the API's temp file: free its disk space early
+            src.unlink(missing_ok=True)
+        src = raw
+    with src.open("rb") as f:
+        return safe_pickle.load(f), src.stat().st_size

@@ -1,0 +1,88 @@
+"""Pass one over a snapshot's entries: allocated and reserved bytes after each, the peak,
+the largest blocks, and a timeline reduced to about ``TIMELINE_POINTS`` points."""
+
+import heapq
+from typing import Any
+
+from app.snapshots.load import GROWS, SHRINKS, as_int, block_size
+
+TOP = 20
+TIMELINE_POINTS = 2000
+# Entries that change neither allocated nor reserved bytes.
+SILENT = frozenset({"free_requested", "snapshot", "oom"})
+
+
+class Replay:
+    """Pass one: allocated and reserved after each entry, the peak, the largest blocks."""
+
+    def __init__(self, baseline: int, reserved: int) -> None:
+        self.allocated = baseline
+        self.reserved = reserved
+        self.peak = baseline
+        self.peak_index = -1
+        self.peak_reserved = reserved
+        self.reserved_peak = reserved
+        self.live: dict[Any, int] = {}
+        self.largest: list[tuple[int, int]] = []  # min-heap of (size, -index)
+        self.points: list[tuple[float, int, int]] = []  # (t, allocated, reserved)
+
+    def run(self, trace: list[Any], pre_blocks: list[dict[str, Any]], t0: float | None) -> None:
+        """Replay; with ``t0`` (the first entry's time_us) times are microseconds from it,
+        else entry numbers. Keeps about ``TIMELINE_POINTS`` points for the timeline:
+        each bucket's lowest and highest moment, so peaks and dips survive."""
+        live = self.live
+        for b in pre_blocks:
+            live[b["addr"]] = b["size"]
+        per = max(1, -(-len(trace) // (TIMELINE_POINTS // 2)))
+        points = self.points
+        points.append((0.0, self.allocated, self.reserved))
+        lo: tuple[float, int, int] | None = None
+        hi: tuple[float, int, int] | None = None
+        n = 0
+        t = 0.0
+        for i, e in enumerate(trace):
+            action = e["action"]
+            if action in SILENT:
+                continue
+            if t0 is None:
+                t = float(i)
+            elif type(e.get("time_us")) in (int, float):
+                t = e["time_us"] - t0
+            self._apply(i, e, action)
+            point = (t, self.allocated, self.reserved)
+            if lo is None or point[1] < lo[1]:
+                lo = point
+            if hi is None or point[1] > hi[1]:
+                hi = point
+            n += 1
+            if n >= per:
+                points.extend(sorted({lo, hi}, key=lambda p: p[0]))
+                lo = hi = None
+                n = 0
+        if lo is not None and hi is not None:
+            points.extend(sorted({lo, hi}, key=lambda p: p[0]))
+
+    def _apply(self, i: int, e: dict[str, Any], action: str) -> None:
+        live = self.live
+        if action == "alloc":
+            size = block_size(as_int(e.get("size", 0), "size"))
+            live[e.get("addr")] = size
+            self.allocated += size
+            if self.allocated > self.peak:
+                self.peak = self.allocated
+                self.peak_index = i
+                self.peak_reserved = self.reserved
+            item = (size, -i)
+            if len(self.largest) < TOP:
+                heapq.heappush(self.largest, item)
+            elif item > self.largest[0]:
+                heapq.heapreplace(self.largest, item)
+        elif action == "free_completed":
+            freed = live.pop(e.get("addr"), None)
+            if freed is not None:
+                self.allocated -= freed
+        elif action in GROWS:
+            self.reserved += as_int(e.get("size", 0), "size")
+            self.reserved_peak = max(self.reserved_peak, self.reserved)
+        elif action in SHRINKS:
+            self.reserved = max(0, self.reserved - as_int(e.get("size", 0), "size"))
