@@ -94,6 +94,20 @@ def has_zero_grad(frames: Sequence[Any]) -> bool:
     return any(type(f) is dict and f.get("name") == "zero_grad" for f in frames or ())
 
 
+def runs_in_backward(frames: Sequence[Any]) -> bool:
+    """Python frames that autograd's thread records itself: a checkpointed forward being
+    recomputed, or an ``autograd.Function``'s own ``backward``."""
+    for f in frames or ():
+        if type(f) is not dict:
+            continue
+        filename = f.get("filename")
+        if type(filename) is str and "torch/utils/checkpoint.py" in filename:
+            return True
+        if f.get("name") == "backward" and type(filename) is str and "torch/" not in filename:
+            return True
+    return False
+
+
 class Clock(NamedTuple):
     """Where the main thread's calls stood at one moment, as trace positions (-1: never)."""
 

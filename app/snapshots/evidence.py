@@ -5,7 +5,9 @@ Only entries with frames of their own move the clock: an allocation's, or a free
 at its own call site (PyTorch's ``context="all"``). Entries with no frames leave it where
 it is, which is what places autograd's thread: with Python frames alone it records none,
 and it runs while the main thread waits inside ``Tensor.backward`` (seen where it starts,
-``_make_grads``, and where it returns, the free of its seed gradient).
+``_make_grads``, and where it returns, the free of its seed gradient). The few Python
+frames that thread does record (a checkpointed forward recomputed, an
+``autograd.Function``'s ``backward``) leave the clock inside the backward.
 """
 
 from app.snapshots import categories as cat
@@ -30,10 +32,15 @@ class Timeline:
         self.forward = -1
         self.in_backward = self.in_step = False
 
-    def see(self, seq: int, where: int, zero_grad: bool, alloc: bool) -> None:
-        """An entry at ``seq`` whose own frames have site ``where``."""
+    def see(
+        self, seq: int, where: int, zero_grad: bool, alloc: bool, in_backward: bool = False
+    ) -> None:
+        """An entry at ``seq`` whose own frames have site ``where``; ``in_backward``: frames
+        autograd's thread records itself (``categories.runs_in_backward``)."""
         if where == cat.EMPTY or where == cat.WORKSPACE:
             return  # says nothing of the main thread
+        if in_backward and self.in_backward and where != cat.OPTIMIZER:
+            return  # autograd's thread, while the main thread waits in backward
         if where == cat.BACKWARD:
             if not self.in_backward:
                 self.in_backward, self.backward_start = True, seq

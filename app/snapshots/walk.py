@@ -36,6 +36,7 @@ class Stacks:
         self._json: dict[tuple[int, ...], str] = {}
         self._site: dict[tuple[int, ...], int] = {}
         self._zero: dict[tuple[int, ...], bool] = {}
+        self._hook: dict[tuple[int, ...], bool] = {}
 
     def key(self, frames: Any) -> tuple[int, ...]:
         if not frames:
@@ -61,6 +62,12 @@ class Stacks:
         if where is None:
             where = self._site[key] = cat.site(frames)
         return where
+
+    def in_backward(self, key: tuple[int, ...], frames: Any) -> bool:
+        found = self._hook.get(key)
+        if found is None:
+            found = self._hook[key] = cat.runs_in_backward(frames)
+        return found
 
     def zero_grad(self, key: tuple[int, ...], frames: Any) -> bool:
         found = self._zero.get(key)
@@ -158,7 +165,7 @@ class Walk:
             if action == "alloc":
                 where = stacks.site(key, frames)
                 zero = where == cat.OPTIMIZER and stacks.zero_grad(key, frames)
-                timeline.see(seq, where, zero, True)
+                timeline.see(seq, where, zero, True, stacks.in_backward(key, frames))
                 if size in cat.WORKSPACE_SIZES:
                     workspace_at = (seq, stacks.json(key, frames) if key else "")
                 elif workspace_at[0] == seq - 1 - (prev == "segment_alloc") and workspace_at[1] == (
@@ -167,7 +174,13 @@ class Walk:
                     self.after_workspace.add(seq)  # the same stack: the same op
                 live[addr] = (block_size(size), seq, timeline.where(where), frames, t_us, key)
             elif own and action in FREE_ACTIONS:
-                timeline.see(seq, stacks.site(key, frames), stacks.zero_grad(key, frames), False)
+                timeline.see(
+                    seq,
+                    stacks.site(key, frames),
+                    stacks.zero_grad(key, frames),
+                    False,
+                    stacks.in_backward(key, frames),
+                )
             if action == "free_requested":
                 if key and stacks.zero_grad(key, frames):
                     zero_grad_addrs.add(addr)

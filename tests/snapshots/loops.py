@@ -57,6 +57,12 @@ ZERO_GRAD = [
     MAIN,
 ]
 PROGRAM = [_frame("train.py", 45, "main")]
+RECOMPUTE = [
+    _frame("torch/nn/modules/linear.py", 134, "forward"),
+    _frame("torch/nn/modules/module.py", 1790, "_call_impl"),
+    _frame("torch/utils/checkpoint.py", 1500, "recompute_fn"),
+    _frame("torch/utils/checkpoint.py", 1130, "unpack_hook"),
+]
 NONE: list[dict[str, Any]] = []
 
 
@@ -104,34 +110,47 @@ def adam_loop(
     act: int = MiB // 4,
     context: str = "all",
     set_to_none: bool = True,
+    accumulate: int = 1,
+    checkpoint: bool = False,
 ) -> Any:
-    """``layers`` Linear layers, AdamW (foreach), ``loss.backward()``, ``opt.step()``,
-    ``opt.zero_grad(set_to_none=...)``; the peak is inside the first step, where Adam
-    makes its two moments while the gradients are alive. ``context="alloc"``: frees carry
-    their allocation's stack (PyTorch's ``context="alloc"``). Returns the snapshot and the
+    """``layers`` Linear layers, AdamW (foreach), ``loss.backward()`` over ``accumulate``
+    micro-batches, ``opt.step()``, ``opt.zero_grad(set_to_none=...)``; the peak is inside
+    the first step, where Adam makes its two moments while the gradients are alive.
+    ``context="alloc"``: frees carry their allocation's stack (PyTorch's
+    ``context="alloc"``). ``checkpoint``: each layer's forward is recomputed in backward,
+    on autograd's thread, which records those Python frames. Returns the snapshot and the
     truth at that peak (bytes by category)."""
     r = Recording(context)
     for _ in range(layers):
         r.alloc(param, TO)
+    first = True
     for step in range(steps):
-        x = r.alloc(act, BATCH)
-        outs = []
-        for n in range(layers):
-            if step == 0 and n == 0:
-                r.alloc(WORKSPACE, LINEAR, segment=True)  # the main thread's cuBLAS handle
-            outs.append(r.alloc(act, LINEAR))
-        loss = r.alloc(512, LOSS)
-        seed = r.alloc(4, MAKE_GRADS)
-        grads = []
-        for n in range(layers):
-            tmp = r.alloc(act, NONE)
-            if step == 0 and n == 0:
-                r.alloc(WORKSPACE, NONE, segment=True)  # autograd's thread's own handle
-            if set_to_none or step == 0:
-                grads.append(r.alloc(param, NONE))
-            r.free(tmp, act, NONE)
-            r.free(outs[-1 - n], act, NONE)  # the saved activation, released by backward
-        r.free(seed, 4, BACKWARD_RETURN)
+        grads: list[int] = []
+        for micro in range(accumulate):
+            x = r.alloc(act, BATCH)
+            outs = []
+            for n in range(layers):
+                if first and n == 0:
+                    r.alloc(WORKSPACE, LINEAR, segment=True)  # the main thread's cuBLAS handle
+                outs.append(r.alloc(act, LINEAR))
+            loss = r.alloc(512, LOSS)
+            seed = r.alloc(4, MAKE_GRADS)
+            for n in range(layers):
+                again = r.alloc(act, RECOMPUTE) if checkpoint else 0
+                tmp = r.alloc(act, NONE)  # with accumulation: the new gradient, added in place
+                if first and n == 0:
+                    r.alloc(WORKSPACE, NONE, segment=True)  # autograd's thread's own handle
+                if micro == 0 and (set_to_none or step == 0):
+                    grads.append(r.alloc(param, NONE))
+                r.free(tmp, act, NONE)
+                r.free(outs[-1 - n], act, NONE)  # the saved activation, released by backward
+                if checkpoint:
+                    r.free(again, act, NONE)
+            r.free(seed, 4, BACKWARD_RETURN)
+            first = False
+            if micro < accumulate - 1:
+                r.free(loss, 512, PROGRAM)
+                r.free(x, act, PROGRAM)
         if step == 0:
             for _ in range(2 * layers):
                 r.alloc(param, INIT_STATE)

@@ -83,6 +83,19 @@ def test_gradients_kept_by_zero_grad_without_set_to_none(client: httpx.Client) -
     ]
 
 
+def test_gradient_accumulation(client: httpx.Client) -> None:
+    # Made in the first micro-batch's backward, alive through the next ones and the step.
+    snapshot, truth = adam_loop(accumulate=3, context="alloc")
+    assert by_category(imported(client, dumps(snapshot))) == truth
+
+
+def test_a_checkpointed_forward_recomputed_in_backward(client: httpx.Client) -> None:
+    # Autograd's thread records the recomputed forward's Python frames: that is still
+    # inside the backward, so the frameless gradients after it are still autograd's.
+    snapshot, truth = adam_loop(checkpoint=True, context="alloc")
+    assert by_category(imported(client, dumps(snapshot))) == truth
+
+
 def test_optimizer_state_is_what_outlives_its_step(client: httpx.Client) -> None:
     snapshot, truth = adam_loop(steps=3)
     snap = imported(client, dumps(snapshot))
