@@ -144,11 +144,18 @@ A, T, OTH, U = (
 
 
 def decide(
-    where: int, seq: int, size: int, pre_trace: bool, fate: Fate, after_workspace: bool = False
+    where: int,
+    seq: int,
+    size: int,
+    pre_trace: bool,
+    fate: Fate,
+    after_workspace: bool = False,
+    after_output: bool = False,
 ) -> tuple[str, str]:
     """A block's category and the evidence for it, from its site (``where``), its
     allocation's position ``seq``, its size, how it ended and whether it was allocated
-    right after a workspace-sized block from the same site."""
+    right after a workspace-sized block by the same stack, and (for a workspace-sized one)
+    whether it was allocated right after another by the same stack (its op's output)."""
     clock = fate.clock
     kept = fate.freed is None
     if where == PARAMETER:
@@ -168,6 +175,11 @@ def decide(
                     "(cuBLASLt's workspace or a gradient)"
                 )
             return T, "1 MiB made right after a cuBLAS workspace by the same op (cuBLASLt's)"
+    if kept and where == NONE and size in WORKSPACE_SIZES and after_output:
+        return T, (
+            f"{size} bytes (a cuBLAS workspace's size) made right after its op's output by "
+            "the same stack, never freed"
+        )
     if fate.zero_grad:
         return G, "freed inside Optimizer.zero_grad"
     if where in (BACKWARD, AUTOGRAD):

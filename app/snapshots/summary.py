@@ -40,7 +40,15 @@ def categorise(walk: Walk) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     for baddr, (size, bseq, where, frames, bt, _) in walk.alive.items():
         fate = walk.fates.get(bseq, at_end)
         pre = bseq < walk.offset
-        name, reason = cat.decide(where, bseq, size, pre, fate, bseq in walk.after_workspace)
+        name, reason = cat.decide(
+            where,
+            bseq,
+            size,
+            pre,
+            fate,
+            bseq in walk.after_workspace,
+            bseq in walk.after_output,
+        )
         by_category[name][0] += size
         by_category[name][1] += 1
         counts = by_reason.setdefault((name, reason), [0, 0])

@@ -90,6 +90,7 @@ class Walk:
         self.fates: dict[int, cat.Fate] = {}  # seq of a block alive at the peak -> its end
         self.timeline = Timeline()
         self.after_workspace: set[int] = set()  # allocations right after one, same stack
+        self.after_output: set[int] = set()  # workspace-sized, right after the same stack's
         self.ooms: list[dict[str, Any]] = []
         self.n_ooms = 0
         self.t_us = 0.0
@@ -122,7 +123,8 @@ class Walk:
         device, stacks, writer, live = self.device, self.stacks, self.writer, self.live
         timeline, fates = self.timeline, self.fates
         alive: dict[Any, Live] = dict(live) if peak_at < 0 else {}
-        workspace_at = (-2, "")  # the latest workspace-sized allocation: seq, its stack
+        workspace_at = -2  # the latest workspace-sized allocation's seq
+        last_alloc = (-2, "")  # the latest allocation: seq, its stack
         zero_grad_addrs: set[Any] = set()
         prev = ""
         seq = self.seq
@@ -166,12 +168,19 @@ class Walk:
                 where = stacks.site(key, frames)
                 zero = where == cat.OPTIMIZER and stacks.zero_grad(key, frames)
                 timeline.see(seq, where, zero, True, stacks.in_backward(key, frames))
+                stack = stacks.json(key, frames) if key else ""
+                # The same stack as the allocation just before (a new segment between):
+                # the same op, as a workspace follows its matmul's output.
+                same_op = stack == last_alloc[1] and last_alloc[0] == seq - 1 - (
+                    prev == "segment_alloc"
+                )
                 if size in cat.WORKSPACE_SIZES:
-                    workspace_at = (seq, stacks.json(key, frames) if key else "")
-                elif workspace_at[0] == seq - 1 - (prev == "segment_alloc") and workspace_at[1] == (
-                    stacks.json(key, frames) if key else ""
-                ):
-                    self.after_workspace.add(seq)  # the same stack: the same op
+                    if same_op and stack:
+                        self.after_output.add(seq)
+                    workspace_at = seq
+                elif same_op and workspace_at == last_alloc[0]:
+                    self.after_workspace.add(seq)
+                last_alloc = (seq, stack)
                 live[addr] = (block_size(size), seq, timeline.where(where), frames, t_us, key)
             elif own and action in FREE_ACTIONS:
                 timeline.see(

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer, fresh_database, make_settings
-from tests.snapshots.loops import WORKSPACE, adam_loop, oom_in_backward
-from tests.snapshots.synthetic import MiB, dumps
+from tests.snapshots.loops import WORKSPACE, Recording, adam_loop, oom_in_backward
+from tests.snapshots.synthetic import MiB, _frame, dumps
 from tests.snapshots.test_import import imported
 
 
@@ -132,3 +132,19 @@ def test_unknown_says_why_in_the_api_and_on_the_page(client: httpx.Client) -> No
     table = table[: table.index("</table>")].replace("&#39;", "'")
     assert all(reason in table for reason in why)
     assert "the evidence does not decide" in table
+
+
+def test_a_matmul_in_the_programs_own_code_keeps_a_workspace(client: httpx.Client) -> None:
+    # `x @ w` outside any module: its output, then its handle's workspace, by one stack.
+    r = Recording()
+    r.alloc(MiB, [_frame("train.py", 10, "main")])
+    r.alloc(MiB, [_frame("train.py", 11, "main")])
+    matmul = [_frame("train.py", 12, "main")]
+    r.alloc(MiB, matmul)
+    r.alloc(WORKSPACE, matmul, segment=True)
+    # A buffer of the same size made by its own line is the program's.
+    r.alloc(WORKSPACE, [_frame("train.py", 13, "main")], segment=True)
+    snapshot = {"segments": [], "device_traces": [r.entries], "allocator_settings": {}}
+    snap = imported(client, dumps(snapshot))
+    cats = by_category(snap)
+    assert (cats["temporaries"], cats["other"]) == (WORKSPACE, 3 * MiB + WORKSPACE)
