@@ -1,39 +1,51 @@
-"""Inferring what a block was for from the stack that allocated it, the way Mosaic and
-PyTorch's memory profiler reason: an inference, never a measurement. Each category
-carries the rule that put a block there.
+"""Inferring what a block was for, the way Mosaic and PyTorch's memory profiler reason:
+an inference, never a measurement. Each block gets a category and the evidence that put
+it there; where the evidence does not decide, ``unknown`` with the reason.
 
-A site is read from the frames (innermost first, as PyTorch records them); a block's
-category then depends on its site and on how long it lived: an optimizer block that
-survives into a later forward is optimizer state, a backward block that survives its
-backward is a gradient, a forward block freed after a later backward began was saved for
-that backward (an activation). Blocks whose site says nothing, and library workspaces,
-are ``other``.
+The evidence: the frames that allocated a block (its site, ``site``), the frames that freed
+it (inside ``Optimizer.zero_grad``: a gradient), the time order of the main thread's calls
+(``app.snapshots.evidence``: an allocation with no frames between a ``backward`` call and
+its return was made on autograd's thread), how long it lived against those calls (past its
+backward: a gradient; past its optimizer step: optimizer state; freed after a later
+backward began: an activation), and its size (a cuBLAS handle's workspace, one per thread,
+kept for the process).
 """
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "temporaries", "other")
+from vramlab.contract import CATEGORY_KEYS, Category
 
-# Sites, from frames.
-OPTIMIZER, BACKWARD, PARAMETER, FORWARD, NONE, EMPTY, WORKSPACE = range(7)
+CATEGORIES = CATEGORY_KEYS
+
+# Sites, from frames (AUTOGRAD: no frames, but made inside a backward call's window).
+OPTIMIZER, BACKWARD, PARAMETER, FORWARD, NONE, EMPTY, WORKSPACE, AUTOGRAD = range(8)
 
 RULES = {
     "parameters": "allocated while a module was built or moved (nn.Module __init__, "
     "reset_parameters, to/cuda/_apply, nn.Parameter)",
-    "gradients": "allocated in backward (autograd engine or Tensor.backward) and alive after "
-    "it: never freed, freed by zero_grad, or freed after a later optimizer step or forward",
-    "optimizer_state": "allocated inside torch.optim (an optimizer step) and alive into a later "
-    "forward, or never freed",
+    "gradients": "freed inside Optimizer.zero_grad, or made in backward (autograd's frames, "
+    "or no frames between a backward call and its return: autograd's thread) and alive after "
+    "that backward returned",
+    "optimizer_state": "allocated inside torch.optim (an optimizer step) and alive after that "
+    "step ended",
     "activations": "allocated in a module's forward and freed only after a later backward "
     "began (saved for backward)",
-    "temporaries": "allocated in forward, backward or an optimizer step and freed before "
-    "that work was done",
-    "other": "a library workspace (cuBLAS, seen in C++ frames), a forward allocation kept "
-    "to the end (an output still referenced, or a workspace where only Python frames were "
-    "recorded), or no recorded frame says what it was for (no stack: with Python frames "
-    "alone, backward runs on autograd's thread and records none)",
+    "temporaries": "allocated in forward, backward or an optimizer step and freed before that "
+    "work was done; and library workspaces (named in C++ frames, or a cuBLAS workspace's size "
+    "made where matmuls run and never freed: one per handle, so per thread)",
+    "other": "made by the program outside any module, backward or optimizer step (inputs, "
+    "targets, a loss)",
+    "unknown": "the evidence does not decide: each block's reason is listed",
 }
+
+# cuBLAS's default workspace per handle: ":4096:8" on Hopper (32 MiB), ":4096:2:16:8"
+# before it (8 MiB + 128 KiB); CUBLAS_WORKSPACE_CONFIG changes both, and the trace does not
+# record it.
+WORKSPACE_SIZES = frozenset({32 * 2**20, 4096 * 1024 * 2 + 16 * 1024 * 8})
+# cuBLASLt's (CUBLASLT_WORKSPACE_SIZE, 1 MiB), made right after the handle's on its first
+# use: a common size for a tensor too, so only that order says it is a workspace.
+LT_WORKSPACE_SIZE = 2**20
 
 _PARAM_NAMES = frozenset({"__init__", "reset_parameters", "_apply", "to", "cuda", "convert"})
 _BACKWARD_NAMES = frozenset({"backward", "_engine_run_backward", "run_backward", "grad"})
@@ -82,38 +94,141 @@ def has_zero_grad(frames: Sequence[Any]) -> bool:
     return any(type(f) is dict and f.get("name") == "zero_grad" for f in frames or ())
 
 
-def category(
+def runs_in_backward(frames: Sequence[Any]) -> bool:
+    """Python frames that autograd's thread records itself: a checkpointed forward being
+    recomputed, or an ``autograd.Function``'s own ``backward``."""
+    for f in frames or ():
+        if type(f) is not dict:
+            continue
+        filename = f.get("filename")
+        if type(filename) is str and "torch/utils/checkpoint.py" in filename:
+            return True
+        if f.get("name") == "backward" and type(filename) is str and "torch/" not in filename:
+            return True
+    return False
+
+
+class Clock(NamedTuple):
+    """Where the main thread's calls stood at one moment, as trace positions (-1: never)."""
+
+    backward_start: int = -1  # the latest backward call's start
+    backward_end: int = -1  # the latest backward call's return
+    step_start: int = -1  # the latest optimizer step's start
+    step_end: int = -1
+    forward: int = -1  # the latest allocation in a module's forward
+    in_backward: bool = False
+    in_step: bool = False
+
+
+class Fate(NamedTuple):
+    """How a block ended: its free (None: alive at the trace's end), whether that free was
+    called inside ``zero_grad``, and the clock then."""
+
+    freed: int | None
+    zero_grad: bool
+    clock: Clock
+
+
+_WHERE = {
+    BACKWARD: "in backward",
+    AUTOGRAD: "with no frames between a backward call and its return (autograd's thread)",
+}
+
+G, P, S = Category.GRADIENTS.value, Category.PARAMETERS.value, Category.OPTIMIZER_STATE.value
+A, T, OTH, U = (
+    Category.ACTIVATIONS.value,
+    Category.TEMPORARIES.value,
+    Category.OTHER.value,
+    Category.UNKNOWN.value,
+)
+
+
+def decide(
     where: int,
-    alloc_index: int,
-    free_index: int | None,
-    freed_by_zero_grad: bool,
-    last_backward_before_free: int,
-    last_forward_before_free: int,
-    last_optimizer_before_free: int,
-) -> str:
-    """A block's category from its site and its lifetime (indexes are trace positions;
-    the ``last_*`` are the latest allocation of that site before the block's free)."""
-    never_freed = free_index is None
+    seq: int,
+    size: int,
+    pre_trace: bool,
+    fate: Fate,
+    after_workspace: bool = False,
+    after_output: bool = False,
+) -> tuple[str, str]:
+    """A block's category and the evidence for it, from its site (``where``), its
+    allocation's position ``seq``, its size, how it ended and whether it was allocated
+    right after a workspace-sized block by the same stack, and (for a workspace-sized one)
+    whether it was allocated right after another by the same stack (its op's output)."""
+    clock = fate.clock
+    kept = fate.freed is None
     if where == PARAMETER:
-        return "parameters"
-    if where == OPTIMIZER:
-        return (
-            "optimizer_state"
-            if never_freed or last_forward_before_free > alloc_index
-            else "temporaries"
+        return P, "made while a module was built or moved"
+    if where == WORKSPACE:
+        return T, "a library workspace, named in its C++ frames"
+    if kept and where in (FORWARD, BACKWARD, AUTOGRAD, EMPTY):
+        if size in WORKSPACE_SIZES:
+            return (
+                T,
+                f"{size} bytes (a cuBLAS workspace's size), made where matmuls run, never freed",
+            )
+        if after_workspace and size == LT_WORKSPACE_SIZE:
+            if where in (AUTOGRAD, EMPTY):  # no frames to say it was the same op
+                return U, (
+                    "1 MiB made with no frames right after a cuBLAS workspace, never freed "
+                    "(cuBLASLt's workspace or a gradient)"
+                )
+            return T, "1 MiB made right after a cuBLAS workspace by the same op (cuBLASLt's)"
+    if kept and where == NONE and size in WORKSPACE_SIZES and after_output:
+        return T, (
+            f"{size} bytes (a cuBLAS workspace's size) made right after its op's output by "
+            "the same stack, never freed"
         )
-    if where == BACKWARD:
-        later = max(last_forward_before_free, last_optimizer_before_free)
-        if never_freed or freed_by_zero_grad or later > alloc_index:
-            return "gradients"
-        return "temporaries"
+    if fate.zero_grad:
+        return G, "freed inside Optimizer.zero_grad"
+    if where in (BACKWARD, AUTOGRAD):
+        how = _WHERE[where]
+        if clock.backward_end > seq or clock.forward > seq or clock.step_start > seq:
+            return G, f"made {how}, alive after that backward returned"
+        if kept:
+            if clock.in_backward:
+                return (
+                    U,
+                    f"made {how}; the trace ends before it returned (a gradient or a temporary)",
+                )
+            return G, f"made {how}, never freed"
+        return T, f"made {how}, freed before it returned"
+    if where == OPTIMIZER:
+        if clock.step_end > seq or clock.forward > seq:
+            return S, "made in an optimizer step, alive after that step ended"
+        if kept:
+            if clock.in_step:
+                return (
+                    U,
+                    "made in an optimizer step; the trace ends inside it (state or a temporary)",
+                )
+            return S, "made in an optimizer step, never freed"
+        return T, "made in an optimizer step, freed within it"
     if where == FORWARD:
-        if never_freed:
-            return "other"
-        if last_backward_before_free > alloc_index:
-            return "activations"
-        return "temporaries"
-    return "other"
+        if clock.backward_start > seq:
+            if kept and clock.in_backward:
+                return U, (
+                    "made in a forward, alive when the trace ended inside a later backward "
+                    "(saved for it, or an output still held)"
+                )
+            if kept:
+                return U, "made in a forward, never freed (an output still held, or a workspace)"
+            return A, "made in a forward, freed after a later backward began (saved for it)"
+        if kept:
+            return (
+                U,
+                "made in a forward, never freed, no backward after it (an activation or an output)",
+            )
+        return T, "made in a forward, freed before any backward"
+    if where == EMPTY:
+        if pre_trace:
+            return (
+                U,
+                "allocated before the trace began, no frames (the ring buffer dropped its entry)",
+            )
+        return U, "no frames, made outside any backward call (another thread or C++ code)"
+    return OTH, "made by the program outside any module, backward or optimizer step"
 
 
 # Frames of the recorder and the allocator themselves, innermost in every C++ stack.

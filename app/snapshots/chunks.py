@@ -1,16 +1,10 @@
-"""Writing an imported snapshot's trace in vramlab's event schema, cut in gzip NDJSON
-chunks ready for the trace table."""
+"""The stored trace's chunks: gzip NDJSON, compressed on a thread as they are written."""
 
-import json
-import math
 import queue
 import threading
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-from app.snapshots.entries import MAX_FRAMES, Invalid, frame_json
 
 
 class ChunkWriter:
@@ -87,32 +81,3 @@ class ChunkWriter:
         self._thread.join()
         if self._error is not None:
             raise self._error
-
-
-def num_text(value: Any) -> str:
-    if value is None:
-        return "null"
-    if type(value) is int:
-        return str(value)
-    if type(value) is float and math.isfinite(value):
-        return repr(value)
-    raise Invalid("a number in a trace entry is not a finite number")
-
-
-def block_out(
-    seq: int, addr: Any, size: int, t_us: float, frames: Any, category: str
-) -> dict[str, Any]:
-    return {
-        "addr": addr,
-        "size": size,
-        "seq": seq,
-        "t_us": t_us,
-        "phase": None,
-        "frames": [json.loads(f) for f in frames_json(frames)],
-        "category": category,
-    }
-
-
-def frames_json(frames: Any) -> Iterator[str]:
-    for frame in (frames or [])[:MAX_FRAMES]:
-        yield frame_json(frame)

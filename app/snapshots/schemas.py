@@ -10,17 +10,30 @@ from app.figures.schemas import BlockOut, PeakMoment
 
 class SnapshotBlock(BlockOut):
     category: str = Field(default="", description="the inferred category (see categories)")
+    reason: str = Field(default="", description="the evidence that put the block there")
+
+
+class CategoryReason(BaseModel):
+    reason: str = Field(description="the evidence, as the blocks' own")
+    bytes: int
+    blocks: int
 
 
 class CategoryOut(BaseModel):
     category: str = Field(
-        description="parameters, gradients, optimizer_state, activations, temporaries or other"
+        description="parameters, gradients, optimizer_state, activations, temporaries, other "
+        "or unknown (the evidence does not decide: see reasons)"
     )
     bytes: int = Field(description="bytes of the blocks alive at the peak in this category")
     blocks: int
     rule: str = Field(description="the rule that put blocks here")
     inference: bool = Field(
         default=True, description="always true: inferred from stacks and lifetimes"
+    )
+    reasons: list[CategoryReason] = Field(
+        default_factory=list,
+        description="the evidence that put blocks here, most bytes first (snapshots imported "
+        "before reasons were kept have none)",
     )
 
 

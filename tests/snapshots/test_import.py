@@ -45,6 +45,7 @@ def test_a_training_snapshot_is_explained(client: httpx.Client) -> None:
         "activations": 8,
         "temporaries": 1,
         "other": 0,
+        "unknown": 0,
     }
     assert all(c["inference"] and c["rule"] for c in out["categories"])
     assert out["alive_count"] == 18

@@ -1,38 +1,22 @@
-"""A snapshot's entries read as data: each value's type checked, frames to JSON once per
-distinct stack, the device chosen, what was alive before the trace began; Invalid for
-data that is a pickle of plain values but not a memory snapshot."""
+"""Reading a PyTorch memory snapshot as data: the file (gunzipped within a bound, unpickled
+with no globals), its shape checked, the device chosen, what was alive before its first
+entry, and the fields of its entries read as the types they must be."""
 
 import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from vramlab.contract import MEMORY_VIZ_ACTIONS
 
-from app.snapshots import categories as cat
+from app.snapshots import safe_pickle
 
 MAX_FRAMES = 256
-
-
 ACTIONS = frozenset(MEMORY_VIZ_ACTIONS)
-
-
-# PyTorch names the completion of a free "free_completed"; vramlab's schema says "free".
-RENAME = {"free_completed": "free"}
-
-
 FREE_ACTIONS = ("free_requested", "free_completed")
-
-
 GROWS = ("segment_alloc", "segment_map")
-
-
-# Entries that change neither allocated nor reserved bytes.
-SILENT = frozenset({"free_requested", "snapshot", "oom"})
-
-
 SHRINKS = ("segment_free", "segment_unmap")
-
-
-Live = tuple[int, int, int, Any, float, tuple[int, ...]]
 
 
 class Invalid(Exception):
@@ -65,45 +49,19 @@ def frame_json(frame: Any) -> str:
     return json.dumps({"filename": filename, "line": line, "name": name}, ensure_ascii=False)
 
 
-class Stacks:
-    """Frames to JSON and to a site, computed once per distinct stack."""
+def frames_json(frames: Any) -> Iterator[str]:
+    for frame in (frames or [])[:MAX_FRAMES]:
+        yield frame_json(frame)
 
-    def __init__(self) -> None:
-        self._frame: dict[int, str] = {}
-        self._json: dict[tuple[int, ...], str] = {}
-        self._site: dict[tuple[int, ...], int] = {}
-        self._zero: dict[tuple[int, ...], bool] = {}
 
-    def key(self, frames: Any) -> tuple[int, ...]:
-        if not frames:
-            return ()
-        if type(frames) is not list and type(frames) is not tuple:
-            raise Invalid("frames is not a list")
-        return tuple(map(id, frames))
-
-    def json(self, key: tuple[int, ...], frames: Any) -> str:
-        text = self._json.get(key)
-        if text is None:
-            parts = []
-            for frame in frames[:MAX_FRAMES]:
-                part = self._frame.get(id(frame))
-                if part is None:
-                    part = self._frame[id(frame)] = frame_json(frame)
-                parts.append(part)
-            text = self._json[key] = "[" + ",".join(parts) + "]"
-        return text
-
-    def site(self, key: tuple[int, ...], frames: Any) -> int:
-        where = self._site.get(key)
-        if where is None:
-            where = self._site[key] = cat.site(frames)
-        return where
-
-    def zero_grad(self, key: tuple[int, ...], frames: Any) -> bool:
-        found = self._zero.get(key)
-        if found is None:
-            found = self._zero[key] = cat.has_zero_grad(frames)
-        return found
+def num(value: Any) -> str:
+    if value is None:
+        return "null"
+    if type(value) is int:
+        return str(value)
+    if type(value) is float and math.isfinite(value):
+        return repr(value)
+    raise Invalid("a number in a trace entry is not a finite number")
 
 
 def check_entry(e: Any) -> str:
@@ -180,3 +138,17 @@ def pre_trace(
                     "frames": frames if type(frames) is list else [],
                 }
     return list(segs.values()), list(blocks.values())
+
+
+def load(src: Path, out: Path, max_expanded: int, delete_src: bool) -> tuple[Any, int]:
+    with src.open("rb") as f:
+        magic = f.read(2)
+    if magic == safe_pickle.GZIP_MAGIC:
+        raw = out / "snapshot.pickle"
+        with src.open("rb") as f, raw.open("wb") as dst:
+            safe_pickle.gunzip_to(f, dst, max_expanded)
+        if delete_src:  # the API's temp file: free its disk space early
+            src.unlink(missing_ok=True)
+        src = raw
+    with src.open("rb") as f:
+        return safe_pickle.load(f), src.stat().st_size

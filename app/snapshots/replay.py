@@ -1,20 +1,15 @@
-"""Replaying a snapshot's entries in order: allocated and reserved bytes after each, the
-peak and when it came."""
+"""Pass one over a snapshot's entries: allocated and reserved bytes after each, the peak,
+the largest blocks, and a timeline reduced to about ``TIMELINE_POINTS`` points."""
 
 import heapq
 from typing import Any
 
-from app.snapshots.entries import (
-    GROWS,
-    SHRINKS,
-    SILENT,
-    as_int,
-    block_size,
-)
+from app.snapshots.load import GROWS, SHRINKS, as_int, block_size
 
-# The largest blocks kept; points kept for the timeline.
 TOP = 20
 TIMELINE_POINTS = 2000
+# Entries that change neither allocated nor reserved bytes.
+SILENT = frozenset({"free_requested", "snapshot", "oom"})
 
 
 class Replay:

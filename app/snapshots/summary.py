@@ -1,0 +1,117 @@
+"""What the summary says beyond the replay: blocks as the API shows them, the categories
+of the blocks alive at the peak with their evidence, PyTorch's own counters, and plain
+JSON of what the recorder saved beside the trace."""
+
+import json
+from typing import Any
+
+from vramlab.contract import Figure
+
+from app.snapshots import categories as cat
+from app.snapshots.load import frames_json
+from app.snapshots.walk import Walk
+
+TOP = 20
+MAX_REASONS = 10
+
+
+def block_out(
+    seq: int, addr: Any, size: int, t_us: float, frames: Any, category: str, reason: str = ""
+) -> dict[str, Any]:
+    return {
+        "addr": addr,
+        "size": size,
+        "seq": seq,
+        "t_us": t_us,
+        "phase": None,
+        "frames": [json.loads(f) for f in frames_json(frames)],
+        "category": category,
+        "reason": reason,
+    }
+
+
+def categorise(walk: Walk) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The categories of the blocks alive at the peak (``walk``: a finished
+    ``app.snapshots.walk.Walk``), with the evidence, and the largest of those blocks."""
+    by_category: dict[str, list[int]] = {c: [0, 0] for c in cat.CATEGORIES}
+    by_reason: dict[tuple[str, str], list[int]] = {}
+    blocks_out: list[tuple[int, int, Any, float, Any, str, str]] = []
+    at_end = walk.end()
+    for baddr, (size, bseq, where, frames, bt, _) in walk.alive.items():
+        fate = walk.fates.get(bseq, at_end)
+        pre = bseq < walk.offset
+        name, reason = cat.decide(
+            where,
+            bseq,
+            size,
+            pre,
+            fate,
+            bseq in walk.after_workspace,
+            bseq in walk.after_output,
+        )
+        by_category[name][0] += size
+        by_category[name][1] += 1
+        counts = by_reason.setdefault((name, reason), [0, 0])
+        counts[0] += size
+        counts[1] += 1
+        blocks_out.append((size, bseq, baddr, bt, frames, name, reason))
+    blocks_out.sort(key=lambda b: (-b[0], b[1]))
+    top_alive = [block_out(q, a, s, t, f, c, r) for s, q, a, t, f, c, r in blocks_out[:TOP]]
+    rows = [
+        {
+            "category": c,
+            "bytes": by_category[c][0],
+            "blocks": by_category[c][1],
+            "rule": cat.RULES[c],
+            "inference": True,
+            "reasons": reasons(by_reason, c),
+        }
+        for c in cat.CATEGORIES
+    ]
+    return rows, top_alive
+
+
+def reasons(by_reason: dict[tuple[str, str], list[int]], category: str) -> list[dict[str, Any]]:
+    """The evidence that put blocks in ``category``, most bytes first."""
+    rows: list[dict[str, Any]] = [
+        {"reason": reason, "bytes": n[0], "blocks": n[1]}
+        for (c, reason), n in by_reason.items()
+        if c == category
+    ]
+    rows.sort(key=lambda r: (-r["bytes"], r["reason"]))
+    return rows[:MAX_REASONS]
+
+
+def counters(stats: Any, index: int) -> dict[str, int] | None:
+    """PyTorch's own counters, where the recorder saved ``torch.cuda.memory_stats()``."""
+    if type(stats) is list:
+        stats = stats[index] if index < len(stats) else None
+    if type(stats) is not dict:
+        return None
+    names = {
+        "allocated_bytes.all.peak": Figure.ALLOCATED_PEAK.value,
+        "allocated_bytes.all.current": "allocated_current",
+        "reserved_bytes.all.peak": Figure.RESERVED_PEAK.value,
+        "reserved_bytes.all.current": "reserved_current",
+        "num_ooms": "num_ooms",
+        "num_alloc_retries": "num_alloc_retries",
+    }
+    return {ours: stats[theirs] for theirs, ours in names.items() if type(stats.get(theirs)) is int}
+
+
+def plain(value: Any) -> Any:
+    if isinstance(value, bytes | bytearray):
+        return value.decode("utf-8", "replace")
+    if isinstance(value, set | frozenset):
+        return list(value)
+    return str(value)
+
+
+def plain_dict(value: Any) -> dict[str, Any]:
+    if type(value) is not dict:
+        return {}
+    text = json.dumps(value, default=plain)
+    if len(text) > 64_000:
+        return {"note": "too large to keep"}
+    out: dict[str, Any] = json.loads(text)
+    return out
