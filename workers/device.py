@@ -4,7 +4,6 @@ before its spec is known."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,19 +16,18 @@ from workers.errors import OpFailure, call
 
 @dataclass
 class Prepared:
-    """A device made ready before the spec was known: what starting it cost, or its error."""
+    """A device made ready before the spec was known: the host memory starting it took,
+    or its error."""
 
     device: str
     init_rss: tuple[int, int] | None = None
     error: BaseException | None = None
-    init_s: float = 0.0
 
 
 def prepare(device: torch.device) -> Prepared:
     """Start CUDA on ``device`` ahead of a spec (a warm spare): context made, nothing
     allocated, so allocated and reserved still start at zero and first-use effects
     (cuBLAS's workspace) stay in the experiment. On the CPU there is nothing to start."""
-    started = time.perf_counter()
     prepared = Prepared(str(device))
     if device.type == "cuda":
         rss_before = psutil.Process().memory_info().rss
@@ -38,7 +36,6 @@ def prepare(device: torch.device) -> Prepared:
         except OpFailure as failure:
             prepared.error = failure.cause
         prepared.init_rss = (rss_before, psutil.Process().memory_info().rss)
-    prepared.init_s = time.perf_counter() - started
     return prepared
 
 

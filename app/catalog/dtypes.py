@@ -26,7 +26,6 @@ FLOATING_DTYPES: tuple[str, ...] = (
     "float8_e5m2",
 )
 COMPLEX_DTYPES: tuple[str, ...] = ("complex128", "complex64")
-INTEGER_DTYPES: tuple[str, ...] = ("int64", "int32", "int16", "int8", "uint8")
 
 
 def itemsize(dtype: str) -> int:

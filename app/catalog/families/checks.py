@@ -3,21 +3,6 @@
 from app.catalog.families.common import ALL, Params, Shape
 from app.catalog.model import CatalogError, OpEntry, Param, TensorPlan, TensorSpec
 
-# The columns of the dtype_support matrix: creating, moving, then a set of ops. The
-# answer differs by op, not only by transfer.
-DTYPE_SUPPORT_COLUMNS = (
-    "create",
-    "move",
-    "add",
-    "mul",
-    "sum",
-    "matmul",
-    "exp",
-    "relu",
-    "softmax",
-    "sort",
-    "to_float32",
-)
 MIXED_CASES = ("tensor_tensor", "module_on_cpu", "cpu_scalar")
 
 
