@@ -36,9 +36,9 @@ import httpx
 import psutil
 from service import ROOT, run_to_end, running_service
 from sqlalchemy import create_engine, text
-from vramlab.contract import ALLOCATOR_KEYS
 
 from app.core.config import normalise_database_url
+from vramlab.contract import ALLOCATOR_KEYS
 
 SPEC: dict[str, Any] = {
     "op": "add",

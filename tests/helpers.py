@@ -5,6 +5,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from vramlab.contract import MEMORY_KEYS
 
 ADD = {"op": "add", "shape": [1000, 1000], "dtype": "float32", "device": "cpu"}

@@ -5,6 +5,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+
 from vramlab.contract import MEMORY_KEYS, ErrorType, Outcome, Result, Status
 
 MEMORY = dict.fromkeys(MEMORY_KEYS, 0)

@@ -3,10 +3,9 @@ docs/results.md, every preset's article a section a reader can follow."""
 
 from pathlib import Path
 
-from vramlab.contract import Environment, ErrorType
-
 from app.catalog.presets.articles import PRESETS
 from app.core.config import Settings
+from vramlab.contract import Environment, ErrorType
 
 ROOT = Path(__file__).resolve().parent.parent
 

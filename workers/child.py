@@ -24,9 +24,9 @@ import torch
 # here lets the forkserver, which preloads this module, pay that once for all children.
 import torch._dynamo
 import torch.profiler
+
 from vramlab import contract
 from vramlab.contract import ErrorType, Isolation, Status
-
 from workers import shared
 from workers.device import Prepared, prepare
 from workers.errors import error

@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import httpx
+
 from vramlab import contract
 
 log = logging.getLogger("vramlab.worker")

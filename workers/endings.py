@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from vramlab.contract import ErrorType, Status
-
 from workers.children import EXIT_GRACE_S, Child, reap, reap_soon
 
 POLL_S = 0.1

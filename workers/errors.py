@@ -7,9 +7,9 @@ import traceback
 from typing import Any
 
 import torch
-from vramlab.contract import ErrorType
 
 from app.catalog import CatalogError
+from vramlab.contract import ErrorType
 from workers import limits
 from workers.measure import PhaseRecord
 

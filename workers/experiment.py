@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from vramlab.contract import KEEPS_RESULT, ErrorType, Isolation, Status
 
+from vramlab.contract import KEEPS_RESULT, ErrorType, Isolation, Status
 from workers import allocator, limits, notes, scenario, sections
 from workers.device import Prepared, apply_allocator, prepare
 from workers.errors import classify, error, oom_details

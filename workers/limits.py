@@ -27,6 +27,7 @@ from typing import Any
 
 import psutil
 import torch
+
 from vramlab.contract import ErrorType
 from vramlab.units import human_bytes
 

@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any
 
 from vramlab.contract import MAX_REPORT_BATCH, Status
-
 from workers.claim_poll import ClaimPoll
 from workers.client import STOP_POLL_S, Refused, UnknownWorker, with_retry
 from workers.leases import Lease, beat_many, beat_one

@@ -17,8 +17,8 @@ from typing import Any
 
 import psutil
 import torch
-from vramlab.contract import Phase
 
+from vramlab.contract import Phase
 from workers import sections
 from workers.tracer import Event
 

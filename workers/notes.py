@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any
 
 from vramlab.contract import SHARED_PROCESS_FIGURES, ErrorType, MemoryFigures, Prediction
-
 from workers import explain
 from workers.tracer import Event
 

@@ -6,7 +6,6 @@ import logging
 from typing import Any
 
 from vramlab.contract import ReportVerdict
-
 from workers.client import LeaseLost, Refused, with_retry
 from workers.leases import Lease
 from workers.outcome import Limits, OutOfLimits, refused, report_body, trace_chunks

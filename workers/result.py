@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from vramlab.contract import MemoryFigures
 
+from vramlab.contract import MemoryFigures
 from workers.measure import PhaseRecord
 from workers.ops import storage_key
 from workers.probe import host_info

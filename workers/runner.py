@@ -41,9 +41,8 @@ from multiprocessing.context import (
 from pathlib import Path
 from typing import Any
 
-from vramlab.contract import ChildStart, ErrorType, Isolation, Status
-
 from app.catalog.devices import canonical_device
+from vramlab.contract import ChildStart, ErrorType, Isolation, Status
 from workers import allocator
 from workers.children import Child, SharedPool, reap
 from workers.endings import Outcome, failure, outcome_of, wait

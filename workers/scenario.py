@@ -11,8 +11,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from vramlab.contract import Prediction
 
+from vramlab.contract import Prediction
 from workers.errors import OpFailure, call, classify
 from workers.measure import Meter, PhaseRecord
 from workers.ops import torch_dtype

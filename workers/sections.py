@@ -13,8 +13,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from vramlab.contract import SectionFigures
 
+from vramlab.contract import SectionFigures
 from workers.tracer import SECTION_PREFIX
 
 RANGE_PREFIX = SECTION_PREFIX  # the tracer reads these ranges back

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from vramlab.contract import ErrorType, Status
 
+from vramlab.contract import ErrorType, Status
 from workers import limits
 
 # Failures that are PyTorch refusing an op before it did anything to the device: the

@@ -10,12 +10,12 @@ from datetime import datetime
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy import func, select
-from vramlab.contract import Status
 
 from app.core.config import Settings
 from app.core.db import Database
 from app.models import Experiment
 from app.queue import workers
+from vramlab.contract import Status
 
 
 class QueueCollector(Collector):

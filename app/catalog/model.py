@@ -7,11 +7,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from vramlab.contract import Prediction, TensorPrediction
-
 from app.catalog.devices import canonical_device, parse_device
 from app.catalog.dtypes import COMPLEX_DTYPES, DTYPES, FLOATING_DTYPES, itemsize
 from app.catalog.rounding import rounded_block_bytes
+from vramlab.contract import Prediction, TensorPrediction
 
 MAX_DIMS = 8
 MAX_DIM_SIZE = 2**31 - 1

@@ -3,7 +3,6 @@
 from typing import Any
 
 from sqlalchemy.orm import Session
-from vramlab.contract import MEMORY_KEYS, Figure, Result, SnapshotResult, Status
 
 from app.compare.schemas import CompareItem, CompareOut
 from app.core.errors import InvalidSpec
@@ -12,6 +11,7 @@ from app.experiments import views as experiment_views
 from app.figures.chart import human_bytes
 from app.figures.service import label
 from app.models import Experiment
+from vramlab.contract import MEMORY_KEYS, Figure, Result, SnapshotResult, Status
 
 MAX_IDS = 10
 

@@ -6,6 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
 from vramlab import contract
 
 DEFAULT_SQLITE = Path("data") / "vramlab.db"

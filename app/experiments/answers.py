@@ -9,9 +9,8 @@ in-place op on a leaf that requires grad) fails when it answers: its status stay
 
 from dataclasses import dataclass
 
-from vramlab.contract import Status
-
 from app.catalog.presets.articles import PRESETS
+from vramlab.contract import Status
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,6 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Query, Response
 from starlette.concurrency import run_in_threadpool
-from vramlab.contract import Status
 
 from app.api.deps import (
     AuthenticateFirst,
@@ -22,6 +21,7 @@ from app.experiments import submissions
 from app.experiments import views as experiment_views
 from app.experiments.schemas import ExperimentOut, ExperimentPage
 from app.experiments.spec_schemas import ExperimentSpec
+from vramlab.contract import Status
 
 router = APIRouter(
     prefix="/v1/experiments",

@@ -4,9 +4,9 @@ from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field
-from vramlab.contract import ErrorInfo, Prediction, Result, SnapshotResult, Status
 
 from app.experiments.spec_schemas import ExperimentSpec
+from vramlab.contract import ErrorInfo, Prediction, Result, SnapshotResult, Status
 
 
 class ExperimentError(ErrorInfo):

@@ -22,7 +22,6 @@ from sqlalchemy import (
 )
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
-from vramlab.contract import Status
 
 from app.core import cursors, ids
 from app.core.config import Settings
@@ -35,6 +34,7 @@ from app.experiments.specs import AcceptedSpec
 from app.models import Experiment, ExperimentTag
 from app.queue import live_workers, workers
 from app.queue import service as queue
+from vramlab.contract import Status
 
 CANCEL_TRIES = 3
 # Core statements: the ORM's unit of work would cost more than the insert itself.

@@ -3,9 +3,9 @@
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
-from vramlab.contract import Isolation
 
 from app.core.data import TEXT_PATTERN, DataDict
+from vramlab.contract import Isolation
 
 Tag = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f]+$")]
 Dim = Annotated[int, Field(ge=0, le=2**31 - 1, strict=True)]

@@ -8,9 +8,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from vramlab.contract import Isolation
-from vramlab.units import human_bytes
-
 from app.catalog import CatalogError, get_op, parse_device, plan_spec
 from app.catalog.dtypes import DTYPES
 from app.catalog.families.scenario import SCENARIO
@@ -19,6 +16,8 @@ from app.core.config import Settings
 from app.core.errors import InvalidSpec
 from app.experiments import predictor as predictor_service
 from app.experiments.spec_schemas import ExperimentSpec
+from vramlab.contract import Isolation
+from vramlab.units import human_bytes
 
 MODEL_OP = "model"
 DISABLED = "not predicted: model predictions are off on this service (VRAMLAB_MODEL_PREDICTIONS)"

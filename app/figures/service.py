@@ -7,7 +7,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from sqlalchemy.orm import Session
-from vramlab.contract import Status
 
 from app.core.errors import NotFound
 from app.figures import bands, ticks
@@ -16,6 +15,7 @@ from app.figures.schemas import BlockOut, PeakMoment, PeakOut
 from app.models import Experiment
 from app.traces import replay
 from app.traces import service as traces
+from vramlab.contract import Status
 
 T = TypeVar("T")
 

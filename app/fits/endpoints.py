@@ -4,7 +4,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import Response
-from vramlab.contract import FitStatus
 
 from app.access.tokens import Principal
 from app.api.deps import SHORT_ID, NowDep, SessionDep, SettingsDep, get_db, require
@@ -16,6 +15,7 @@ from app.fits.engine import FitWake
 from app.fits.schemas import FitIn, FitOut, FitPage
 from app.models import Fit
 from app.queue import workers
+from vramlab.contract import FitStatus
 
 router = APIRouter(prefix="/v1/fits", tags=["fits"], responses=ERROR_RESPONSES)
 FitId = Annotated[str, Path(max_length=64, description=SHORT_ID)]

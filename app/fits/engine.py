@@ -20,7 +20,6 @@ from sqlalchemy import CursorResult, event, insert, select, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
-from vramlab.contract import FitStatus, Status
 
 from app.core.config import Settings
 from app.core.db import Busy, Database
@@ -31,6 +30,7 @@ from app.experiments.specs import AcceptedSpec
 from app.fits import search as fit_search
 from app.fits.search import Outcome
 from app.models import Experiment, ExperimentTag, Fit
+from vramlab.contract import FitStatus, Status
 
 log = logging.getLogger("vramlab.fits")
 OPEN = (FitStatus.QUEUED, FitStatus.RUNNING)

@@ -4,9 +4,9 @@ from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from vramlab.contract import FitStatus, Status
 
 from app.core.data import AS_DATA, DataDict
+from vramlab.contract import FitStatus, Status
 
 MAX_VARIANTS = 8
 

@@ -19,12 +19,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from pydantic import ValidationError
-from vramlab.contract import ErrorType, Status
 
 from app.core.config import Settings
 from app.core.errors import InvalidSpec
 from app.experiments.spec_schemas import ExperimentSpec
 from app.experiments.specs import AcceptedSpec, accept
+from vramlab.contract import ErrorType, Status
 
 # Where the catalog bounds a varied param: a fit searches no higher.
 PARAM_MAXIMUM = {"batch_size": 65536, "seq_len": 1048576}

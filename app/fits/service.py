@@ -14,8 +14,6 @@ from typing import Any, cast
 
 from sqlalchemy import CursorResult, and_, or_, select, update
 from sqlalchemy.orm import Session
-from vramlab.contract import FitStatus, Status
-from vramlab.units import human_bytes
 
 from app.core import cursors, ids
 from app.core.config import Settings
@@ -26,6 +24,8 @@ from app.fits import search as fit_search
 from app.fits.engine import OPEN, FitWake
 from app.fits.schemas import FitIn, FitOut, FitSummary, FitTrial, FitVariant
 from app.models import Experiment, Fit, Worker
+from vramlab.contract import FitStatus, Status
+from vramlab.units import human_bytes
 
 # Params a variant may not override: the search sets them.
 SET_BY_SEARCH = ("capacity_bytes",)

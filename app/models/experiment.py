@@ -5,9 +5,9 @@ from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import BigInteger, ForeignKey, Index, String, Text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
-from vramlab import contract
 
 from app.models.base import Base, utcnow
+from vramlab import contract
 
 if TYPE_CHECKING:
     from app.models.result import Result

@@ -3,9 +3,9 @@
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
-from vramlab.contract import Isolation
 
 from app.experiments.spec_schemas import Tag
+from vramlab.contract import Isolation
 
 
 class PresetOut(BaseModel):

@@ -11,7 +11,6 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Path, Request, Response
 from starlette.concurrency import run_in_threadpool
-from vramlab.contract import CLAIM_BATCH_PATH, REPORT_BATCH_PATH
 
 from app.access.tokens import Principal
 from app.api.deps import (
@@ -55,6 +54,7 @@ from app.queue.schemas import (
     WorkerLimits,
 )
 from app.traces import service as traces
+from vramlab.contract import CLAIM_BATCH_PATH, REPORT_BATCH_PATH
 
 router = APIRouter(prefix="/v1/worker", tags=[WORKER_TAG], responses=ERROR_RESPONSES)
 # Every call needs the worker scope: checked here for register and the claim (whose

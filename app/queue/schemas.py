@@ -12,11 +12,11 @@ from pydantic import (
     StringConstraints,
     model_validator,
 )
-from vramlab import contract
-from vramlab.contract import Outcome, ReportVerdict, WorkerState
 
 from app.core import data
 from app.core.data import TEXT_PATTERN
+from vramlab import contract
+from vramlab.contract import Outcome, ReportVerdict, WorkerState
 
 # What a real host can have: the largest GPUs hold under 2 TiB, hosts show at most 16.
 MAX_GPU_MEMORY = 2**41

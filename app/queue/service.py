@@ -27,7 +27,6 @@ from typing import Any, cast
 
 from sqlalchemy import CursorResult, Select, delete, func, select, update
 from sqlalchemy.orm import Session
-from vramlab.contract import ErrorType, ReportVerdict, Status
 
 from app.access.tokens import Principal
 from app.core.config import Settings
@@ -35,6 +34,7 @@ from app.core.errors import ApiError, LeaseLost
 from app.models import Experiment, Result, TraceChunk, Worker
 from app.queue import workers
 from app.queue.schemas import OutcomeRequest, ReportItem
+from vramlab.contract import ErrorType, ReportVerdict, Status
 
 # Expired leases settled in one statement at most (a round settles them all, in slices).
 EXPIRE_SLICE = 500

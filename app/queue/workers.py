@@ -11,13 +11,13 @@ from typing import Any, Protocol
 
 from sqlalchemy import ColumnElement, and_, func, literal, or_, select, update
 from sqlalchemy.orm import Session
-from vramlab.contract import Status, WorkerState
 
 from app.access.tokens import Principal
 from app.core.errors import NotFound
 from app.models import Experiment, Worker
 from app.queue import live_workers
 from app.queue.schemas import RegisterRequest
+from vramlab.contract import Status, WorkerState
 
 
 def register(

@@ -16,7 +16,6 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response, StreamingResponse
 from starlette.datastructures import FormData, UploadFile
-from vramlab.contract import TRACE_ACTIONS, Figure, TraceAction
 
 from app.access.tokens import Principal
 from app.api.deps import SHORT_ID, NowDep, SessionDep, SettingsDep, get_db, require
@@ -33,6 +32,7 @@ from app.snapshots.schemas import SnapshotOut, SnapshotPage
 from app.traces import endpoints as trace_routes
 from app.traces import memory_viz
 from app.traces import service as traces
+from vramlab.contract import TRACE_ACTIONS, Figure, TraceAction
 
 router = APIRouter(prefix="/v1/snapshots", tags=["snapshots"], responses=ERROR_RESPONSES)
 DbDep = Annotated[Database, Depends(get_db)]

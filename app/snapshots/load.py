@@ -8,9 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from vramlab.contract import MEMORY_VIZ_ACTIONS
-
 from app.snapshots import safe_pickle
+from vramlab.contract import MEMORY_VIZ_ACTIONS
 
 MAX_FRAMES = 256
 ACTIONS = frozenset(MEMORY_VIZ_ACTIONS)

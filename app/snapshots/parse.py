@@ -25,8 +25,6 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from vramlab.contract import SnapshotFigures
-
 from app.snapshots import safe_pickle
 from app.snapshots.chunks import ChunkWriter
 from app.snapshots.load import Invalid, check_entry, load, pick_device, pre_trace, validate_top
@@ -34,6 +32,7 @@ from app.snapshots.replay import Replay
 from app.snapshots.segments import summarise_segments
 from app.snapshots.summary import block_out, categorise, counters, plain, plain_dict
 from app.snapshots.walk import Walk
+from vramlab.contract import SnapshotFigures
 
 
 def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> dict[str, Any]:

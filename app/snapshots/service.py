@@ -22,11 +22,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import vramlab
 from sqlalchemy.orm import Session
-from vramlab.contract import Status
 
 import app
+import vramlab
 from app.core import ids
 from app.core.config import Settings
 from app.core.errors import ApiError, NotFound, PayloadTooLarge
@@ -39,6 +38,7 @@ from app.snapshots.categories import telling_frames
 from app.snapshots.schemas import SnapshotOut
 from app.snapshots.upload import SnapshotRefused, Upload
 from app.traces import service as traces
+from vramlab.contract import Status
 
 KIND = "snapshot"
 # Where the parser's imports live: the server's packages and the contract's (the client's

@@ -5,11 +5,10 @@ JSON of what the recorder saved beside the trace."""
 import json
 from typing import Any
 
-from vramlab.contract import Figure
-
 from app.snapshots import categories as cat
 from app.snapshots.load import frames_json
 from app.snapshots.walk import Walk
+from vramlab.contract import Figure
 
 TOP = 20
 MAX_REASONS = 10

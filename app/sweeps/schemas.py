@@ -4,9 +4,9 @@ from datetime import datetime
 from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, Field
-from vramlab.contract import ErrorType, Status
 
 from app.core.data import AS_DATA, DataDict
+from vramlab.contract import ErrorType, Status
 
 
 class SweepIn(BaseModel):

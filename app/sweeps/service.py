@@ -20,7 +20,6 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy import func, insert, select
 from sqlalchemy.orm import Session
-from vramlab.contract import ErrorType, Figure, Result, Status
 
 from app.catalog.scenario.bounds import MAX_PLANNED_STEPS
 from app.core import ids
@@ -33,6 +32,7 @@ from app.experiments.specs import AcceptedSpec, PlanCache, accept
 from app.figures.chart import Chart, Line
 from app.models import Experiment, ExperimentTag, Sweep
 from app.sweeps.schemas import SweepIn, SweepOut, SweepRow
+from vramlab.contract import ErrorType, Figure, Result, Status
 
 MAX_POINTS = 1000
 # A sweep's points may together cost the planner what four of the slowest scenarios do.

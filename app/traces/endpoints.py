@@ -8,13 +8,13 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
-from vramlab.contract import TRACE_ACTIONS, TraceAction
 
 from app.api.deps import DatabaseDep, ExperimentDep, SessionDep, require
 from app.core.db import Database
 from app.core.errors import ERROR_RESPONSES
 from app.traces import exports, memory_viz
 from app.traces import service as traces
+from vramlab.contract import TRACE_ACTIONS, TraceAction
 
 # Its own JSON media type: the page schema of format=json does not describe it.
 CHROME_MEDIA = "application/vnd.chrome-trace+json"

@@ -14,9 +14,8 @@ import json
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from vramlab.units import human_bytes
-
 from app.traces.replay import FREES, SEGMENT_GROWS, SEGMENT_SHRINKS
+from vramlab.units import human_bytes
 
 Event = dict[str, Any]
 Batches = Iterable[list[Event]]

@@ -11,11 +11,11 @@ from typing import Any
 import msgspec
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
-from vramlab import contract
 
 from app.core.config import Settings
 from app.core.errors import ApiError, Conflict, PayloadTooLarge
 from app.models import Experiment, TraceChunk
+from vramlab import contract
 
 REQUIRED_KEYS = ("action", "size")
 # Decompressed text is looked at this many bytes at a time.

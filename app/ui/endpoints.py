@@ -13,8 +13,6 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
-from vramlab.contract import Status
-from vramlab.units import human_bytes
 
 from app.access.tokens import Principal
 from app.api.deps import ExperimentDep, NowDep, SessionDep, SettingsDep, SignalDep, require
@@ -33,6 +31,8 @@ from app.queue import workers
 from app.snapshots import service as snapshots
 from app.snapshots.categories import telling_frames
 from app.sweeps import service as sweeps
+from vramlab.contract import Status
+from vramlab.units import human_bytes
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parent / "templates"))
 # A missing figure is an empty cell, never Python's "None".

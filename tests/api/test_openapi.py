@@ -7,11 +7,11 @@ from typing import Any
 
 import httpx
 import pytest
-from vramlab.contract import MEMORY_KEYS
 
 from app.api.openapi import WORKER_TAG
 from app.main import create_app
 from tests.conftest import make_settings
+from vramlab.contract import MEMORY_KEYS
 
 
 @pytest.fixture(scope="module")

@@ -7,12 +7,12 @@ from collections import Counter
 from typing import Any
 
 import httpx
-from vramlab.contract import CLAIM_BATCH_PATH, MAX_CLAIM_BATCH, MAX_REPORT_BATCH, REPORT_BATCH_PATH
 
 from tests.api.test_auth import bearer, create_token
 from tests.api.test_worker_protocol import _events, _gz
 from tests.conftest import Clock, LiveServer, make_settings
 from tests.helpers import MEMORY, claim, register, submit
+from vramlab.contract import CLAIM_BATCH_PATH, MAX_CLAIM_BATCH, MAX_REPORT_BATCH, REPORT_BATCH_PATH
 
 
 def claim_batch(

@@ -10,10 +10,10 @@ from typing import Any
 
 import httpx
 import pytest
-from vramlab.contract import CATEGORY_KEYS
 
 from tests.conftest import free_port
 from tests.e2e.procs import VRAMLAB, env_for, stop, wait_done, wait_ready
+from vramlab.contract import CATEGORY_KEYS
 
 pytestmark = [pytest.mark.slow]
 pytest.importorskip("transformers")

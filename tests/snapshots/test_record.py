@@ -97,9 +97,8 @@ def test_what_the_bootstrap_adds_is_plain_data() -> None:
     from collections import OrderedDict
 
     torch = pytest.importorskip("torch")
-    from vramlab.recorder_boot.sitecustomize import plain
-
     from app.snapshots import safe_pickle
+    from vramlab.recorder_boot.sitecustomize import plain
 
     added = {"environment": {"torch": torch.__version__}, "stats": [OrderedDict(a=1)]}
     with pytest.raises(safe_pickle.Refused):

@@ -4,9 +4,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from vramlab import contract
 
 from app.catalog import plan_spec
+from vramlab import contract
 from workers.endings import Outcome
 from workers.runner import Runner
 

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vramlab import contract
-from vramlab.contract import ErrorType, Status
 
 from tests.helpers import CPU_CAPS, MEMORY
+from vramlab import contract
+from vramlab.contract import ErrorType, Status
 from workers.client import LeaseLost, Refused
 from workers.endings import Outcome
 from workers.loop import WorkerLoop

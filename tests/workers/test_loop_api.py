@@ -7,11 +7,11 @@ from typing import Any
 
 import httpx
 import pytest
-from vramlab.contract import ErrorType, Status
 
 from tests.conftest import LiveServer, make_settings
 from tests.helpers import MEMORY, submit
 from tests.workers.test_loop import FakeRunner, succeeded, with_trace
+from vramlab.contract import ErrorType, Status
 from workers.client import ApiClient
 from workers.endings import Outcome
 from workers.loop import WorkerLoop

@@ -11,9 +11,9 @@ from typing import Any
 
 import psutil
 import pytest
-from vramlab.contract import ALLOCATOR_KEYS
 
 from tests.workers.conftest import CheckedRunner, SpecFactory
+from vramlab.contract import ALLOCATOR_KEYS
 from workers.endings import Outcome
 from workers.runner import Runner
 

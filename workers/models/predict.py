@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
-from vramlab.contract import Category
 
 from app.catalog import CatalogError
 from app.catalog.model_zoo import resolve
+from vramlab.contract import Category
 from workers.models.build import DEFAULT_NEW_TOKENS, DEFAULT_SEQ_LEN, Built, build
 from workers.models.cuda_semantics import CudaSemantics
 from workers.models.steps import tally_step

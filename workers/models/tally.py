@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
 from vramlab.contract import Category
 
 BLOCK = 512  # the CUDA caching allocator rounds every block up to a multiple of this

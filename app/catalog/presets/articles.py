@@ -5,11 +5,10 @@ measured is in docs/findings.md. Data only: each builds a plain spec (builders.p
 
 from __future__ import annotations
 
-from vramlab.contract import ErrorType
-
 from app.catalog.model import CatalogError
 from app.catalog.presets import builders
 from app.catalog.presets.preset import GpuQuestion, Preset, Refusal
+from vramlab.contract import ErrorType
 
 _ALLOCATOR = GpuQuestion(
     "the GPU's caching allocator",

@@ -11,9 +11,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from vramlab.contract import ErrorType
-
 from app.catalog.model import CatalogError
+from vramlab.contract import ErrorType
 
 SIZES = ("small", "medium", "large")
 # Where a reader finds what an article claims and what the presets measured.
