@@ -47,6 +47,8 @@ def test_gradients_made_on_autograds_thread_are_gradients(client: httpx.Client) 
         if cells
     }
     assert rows["gradients"] == "2.0 MiB"
+    # A block made on autograd's thread has no frames: its row says what placed it.
+    assert "<i>no frames recorded; freed inside Optimizer.zero_grad</i>" in page
 
 
 def reasons(snap: dict[str, Any], category: str) -> dict[str, int]:
