@@ -9,7 +9,6 @@ cached pieces rather than encoded object by object. Memory stays bounded by one 
 the blocks alive at once.
 """
 
-import itertools
 import json
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -20,19 +19,7 @@ from vramlab.units import human_bytes
 Event = dict[str, Any]
 Batches = Iterable[list[Event]]
 
-_EVENTS_PER_BATCH = 5000  # when events come one by one
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
-
-
-def batched(events: Iterable[Event], size: int = _EVENTS_PER_BATCH) -> Iterator[list[Event]]:
-    iterator = iter(events)
-    while batch := list(itertools.islice(iterator, size)):
-        yield batch
-
-
-def chrome(events: Iterable[Event], experiment: str, device: str) -> Iterator[bytes]:
-    """Trace-event JSON, one event a line inside ``{"traceEvents": [...]}``."""
-    return chrome_batches(batched(events), experiment, device)
 
 
 def _json_value(value: Any) -> str:
@@ -46,7 +33,8 @@ def _json_value(value: Any) -> str:
 
 
 def chrome_batches(batches: Batches, experiment: str, device: str) -> Iterator[bytes]:
-    """``chrome`` over batches of events (a stored chunk each).
+    """Trace-event JSON, one event a line inside ``{"traceEvents": [...]}``, over batches
+    of events (a stored chunk each).
 
     The allocator's state is replayed inline, as ``Replay.feed`` does: allocated and
     reserved bytes, and the live blocks by address (size and seq, for a free's slice)."""
