@@ -4,6 +4,7 @@ against a live API; the test plays the worker over the protocol."""
 import json
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import time
@@ -38,9 +39,21 @@ def run(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _default_sigint() -> None:
+    # As a terminal starts a command: a runner started in the background (a shell without
+    # job control) ignores SIGINT, and its children would inherit that, so Ctrl-C
+    # (SIGINT) would not reach the command under test.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(url: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [*VRAMLAB, *args], env=_env(url), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [*VRAMLAB, *args],
+        env=_env(url),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_default_sigint,
     )
 
 
