@@ -39,82 +39,53 @@ def _ref(word: str) -> bytes:
     return BINGET + bytes([SLOT[word]])
 
 
+def _one_block_segment(used: str, state: str) -> viz_rows.Spec:
+    """A segment that holds one block, the whole segment: ``used`` is the column of its
+    allocated, active and requested bytes (``size``: the block is in use; ``zero``: it is
+    not), ``state`` the block's state."""
+    return (
+        EMPTY_DICT + MARK + _ref("device"),
+        ("int", "device"),
+        _ref("address"),
+        ("int", "addr"),
+        _ref("total_size"),
+        ("int", "size"),
+        _ref("allocated_size"),
+        ("int", used),
+        _ref("active_size"),
+        ("int", used),
+        _ref("requested_size"),
+        ("int", used),
+        _ref("stream"),
+        ("int", "stream"),
+        _ref("segment_type") + BINGET,
+        ("byte", "type"),
+        _ref("segment_pool_id")
+        + int_opcode(0) * 2
+        + TUPLE2
+        + _ref("is_expandable")
+        + NEWFALSE
+        + _ref("frames")
+        + EMPTY_LIST
+        + _ref("blocks")
+        + EMPTY_LIST
+        + EMPTY_DICT
+        + MARK
+        + _ref("address"),
+        ("int", "addr"),
+        _ref("size"),
+        ("int", "size"),
+        _ref("requested_size"),
+        ("int", used),
+        _ref("state") + _ref(state) + _ref("frames") + EMPTY_LIST + SETITEMS,
+        APPEND + SETITEMS,
+    )
+
+
 # A lone block's segment, as _segment() builds it for one active block.
-_LONE: viz_rows.Spec = (
-    EMPTY_DICT + MARK + _ref("device"),
-    ("int", "device"),
-    _ref("address"),
-    ("int", "addr"),
-    _ref("total_size"),
-    ("int", "size"),
-    _ref("allocated_size"),
-    ("int", "size"),
-    _ref("active_size"),
-    ("int", "size"),
-    _ref("requested_size"),
-    ("int", "size"),
-    _ref("stream"),
-    ("int", "stream"),
-    _ref("segment_type") + BINGET,
-    ("byte", "type"),
-    _ref("segment_pool_id")
-    + int_opcode(0) * 2
-    + TUPLE2
-    + _ref("is_expandable")
-    + NEWFALSE
-    + _ref("frames")
-    + EMPTY_LIST
-    + _ref("blocks")
-    + EMPTY_LIST
-    + EMPTY_DICT
-    + MARK
-    + _ref("address"),
-    ("int", "addr"),
-    _ref("size"),
-    ("int", "size"),
-    _ref("requested_size"),
-    ("int", "size"),
-    _ref("state") + _ref("active_allocated") + _ref("frames") + EMPTY_LIST + SETITEMS,
-    APPEND + SETITEMS,
-)
+_LONE = _one_block_segment("size", "active_allocated")
 # A recorded segment with no live block: one inactive block, the whole segment.
-_EMPTY: viz_rows.Spec = (
-    EMPTY_DICT + MARK + _ref("device"),
-    ("int", "device"),
-    _ref("address"),
-    ("int", "addr"),
-    _ref("total_size"),
-    ("int", "size"),
-    _ref("allocated_size"),
-    ("int", "zero"),
-    _ref("active_size"),
-    ("int", "zero"),
-    _ref("requested_size"),
-    ("int", "zero"),
-    _ref("stream"),
-    ("int", "stream"),
-    _ref("segment_type") + BINGET,
-    ("byte", "type"),
-    _ref("segment_pool_id")
-    + int_opcode(0) * 2
-    + TUPLE2
-    + _ref("is_expandable")
-    + NEWFALSE
-    + _ref("frames")
-    + EMPTY_LIST
-    + _ref("blocks")
-    + EMPTY_LIST
-    + EMPTY_DICT
-    + MARK
-    + _ref("address"),
-    ("int", "addr"),
-    _ref("size"),
-    ("int", "size"),
-    _ref("requested_size"),
-    ("int", "zero"),
-    _ref("state") + _ref("inactive") + _ref("frames") + EMPTY_LIST + SETITEMS,
-    APPEND + SETITEMS,
-)
+_EMPTY = _one_block_segment("zero", "inactive")
 
 
 def write(live: Live, segments: dict[int, tuple[int, Any]], device: int) -> Iterator[bytes]:
