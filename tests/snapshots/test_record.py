@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer
+from tests.results.test_cli import run
 
 # Stands in for the bootstrap's dump where there is no GPU: writes what PyTorch's
 # _dump_snapshot would, where vramlab record asked for it, then exits with a status.
@@ -47,11 +48,6 @@ def _record(server: LiveServer, program: Path, *args: str) -> subprocess.Complet
     )
 
 
-def _cli(server: LiveServer, *args: str) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "app.cli", *args, "--api", server.url]
-    return subprocess.run(command, capture_output=True, text=True, timeout=60)
-
-
 def test_record_uploads_what_the_program_left_and_keeps_its_status(
     server: LiveServer, client: httpx.Client, tmp_path: Path
 ) -> None:
@@ -70,7 +66,7 @@ def test_record_uploads_what_the_program_left_and_keeps_its_status(
     page = client.get(url)
     assert page.status_code == 200 and "optimizer state" in page.text
     assert "Partial: the recorded program exited with status 3" in page.text
-    shown = _cli(server, "show", snap_id[:8])
+    shown = run(server.url, "show", snap_id[:8])
     assert "partial: the recorded program exited with status 3" in shown.stdout, shown.stderr
 
 
