@@ -46,6 +46,13 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], seconds: float = 60) -> 
     raise RuntimeError(f"{url} never became ready")
 
 
+def live_workers(url: str) -> list[dict[str, Any]]:
+    try:
+        return [w for w in httpx.get(f"{url}/v1/workers", timeout=5).json() if w["live"]]
+    except httpx.TransportError:
+        return []
+
+
 def wait_worker(url: str, proc: subprocess.Popen[bytes], name: str, seconds: float = 120) -> None:
     """Until the worker ``name`` has registered and is live: from then on it has its
     signal handlers, so a SIGTERM stops it cleanly (before, Python's default kills it)."""
@@ -53,8 +60,7 @@ def wait_worker(url: str, proc: subprocess.Popen[bytes], name: str, seconds: flo
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"worker exited with {proc.returncode}")
-        live = httpx.get(f"{url}/v1/workers", timeout=5).json()
-        if any(w["name"] == name and w["live"] for w in live):
+        if any(w["name"] == name for w in live_workers(url)):
             return
         time.sleep(0.2)
     raise RuntimeError(f"worker {name} never registered with {url}")

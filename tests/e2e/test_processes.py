@@ -18,6 +18,7 @@ from tests.e2e.procs import (
     VRAMLAB,
     env_for,
     kill_group,
+    live_workers,
     start,
     stop,
     wait_done,
@@ -232,16 +233,9 @@ def test_readme_examples_on_cuda(cuda_service: str) -> None:
         assert sum(e["size"] == 4_000_000 for e in trace["events"]) >= 3
 
 
-def _live_workers(url: str) -> list[dict[str, Any]]:
-    try:
-        return [w for w in httpx.get(f"{url}/v1/workers", timeout=5).json() if w["live"]]
-    except httpx.TransportError:
-        return []
-
-
 def _wait_for_a_worker(url: str, proc: subprocess.Popen[bytes], seconds: float = 120) -> None:
     deadline = time.monotonic() + seconds
-    while not _live_workers(url):
+    while not live_workers(url):
         if proc.poll() is not None or time.monotonic() > deadline:
             raise AssertionError("the worker never registered")
         time.sleep(0.1)
@@ -264,7 +258,7 @@ def test_an_idle_worker_exits_at_once_on_sigterm(database_url: str, tmp_path: Pa
         print(f"idle worker: exited {took:.2f} s after SIGTERM")
         assert code == 0, (tmp_path / "worker.log").read_text()[-3000:]
         assert took < 10, f"the idle worker took {took:.1f} s to exit"
-        assert _live_workers(url) == []  # it said goodbye: not live for another minute
+        assert live_workers(url) == []  # it said goodbye: not live for another minute
     finally:
         if worker is not None:
             kill_group(worker)
@@ -330,7 +324,7 @@ def test_an_idle_vramlab_up_is_quiet_and_verbose_says_more(tmp_path: Path) -> No
         deadline = time.monotonic() + 120
         while len(seen) < 10:  # the worker has claimed, found nothing, and claimed again
             assert time.monotonic() < deadline, "the worker stopped claiming"
-            seen |= {w["last_seen_at"] for w in _live_workers(url)}
+            seen |= {w["last_seen_at"] for w in live_workers(url)}
             time.sleep(0.1)
     finally:
         code = stop(up)
