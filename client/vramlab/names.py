@@ -150,7 +150,7 @@ class Figure(StrEnum):
 
 # The actions of PyTorch's memory snapshot format (``device_traces`` entries), which the
 # memory_viz export writes and the snapshot import reads.
-MEMORY_VIZ_ACTIONS = (
+MemoryVizAction = Literal[
     "alloc",
     "free_requested",
     "free_completed",
@@ -160,23 +160,12 @@ MEMORY_VIZ_ACTIONS = (
     "segment_unmap",
     "snapshot",
     "oom",
-)
+]
+MEMORY_VIZ_ACTIONS: tuple[str, ...] = get_args(MemoryVizAction)
 
 # The actions of vramlab's trace events: the snapshot format's, a completed free written
 # ``free``, and ``mark`` (a phase boundary). ``?action=`` filters take these alone.
-TraceAction = Literal[
-    "alloc",
-    "free_requested",
-    "free_completed",
-    "segment_alloc",
-    "segment_free",
-    "segment_map",
-    "segment_unmap",
-    "snapshot",
-    "oom",
-    "free",
-    "mark",
-]
+TraceAction = Literal[MemoryVizAction, "free", "mark"]
 TRACE_ACTIONS: tuple[str, ...] = get_args(TraceAction)
 
 # The v1 memory keys: integer byte counts in every succeeded result's ``memory``.
