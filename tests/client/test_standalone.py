@@ -29,6 +29,20 @@ def _bin(venv: Path, name: str) -> str:
     return str(venv / "bin" / name)
 
 
+def _in(
+    venv: Path,
+    env: dict[str, str],
+    tool: str,
+    *args: str,
+    cwd: Path | None = None,
+    timeout: float = 300,
+) -> subprocess.CompletedProcess[str]:
+    """The venv's ``tool`` (its python, its vramlab) run with ``args`` as a user would."""
+    return subprocess.run(
+        [_bin(venv, tool), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
 def _env(venv: Path, api: str = "http://127.0.0.1:9") -> dict[str, str]:
     """A user's shell in the venv: nothing of this checkout on the path."""
     env = {
@@ -109,19 +123,10 @@ def test_the_client_installs_without_the_server(venv: Path, tmp_path: Path) -> N
         print(sorted(m for m in sys.modules if m.split(".")[0] in {SERVER_ONLY!r}))
         """
     )
-    done = subprocess.run(
-        [_bin(venv, "python"), "-c", probe],
-        cwd=tmp_path,
-        env=_env(venv),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _in(venv, _env(venv), "python", "-c", probe, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
-    helped = subprocess.run(
-        [_bin(venv, "vramlab"), "--help"], env=_env(venv), capture_output=True, text=True
-    )
+    helped = _in(venv, _env(venv), "vramlab", "--help")
     assert helped.returncode == 0, helped.stderr
     listed = helped.stdout.split("{", 1)[1].split("}", 1)[0].split(",")
     assert {"submit", "show", "ls", "sweep", "fit", "record"} <= set(listed)
@@ -136,29 +141,14 @@ def with_torch(venv: Path) -> Path:
 
 def test_submit_wait_and_the_python_api(with_torch: Path, service: str, tmp_path: Path) -> None:
     env = _env(with_torch, service)
-    done = subprocess.run(
-        [
-            *(_bin(with_torch, "vramlab"), "submit", "--op", "add", "--shape", "64x64"),
-            *("--device", "cpu", "--wait", "--give-up", "120", "--json"),
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    submit = ("submit", "--op", "add", "--shape", "64x64", "--device", "cpu")
+    done = _in(with_torch, env, "vramlab", *submit, "--wait", "--give-up", "120", "--json")
     assert done.returncode == 0, done.stderr
     exp = json.loads(done.stdout)
     assert exp["status"] == "succeeded", exp
     assert exp["result"]["memory"]["delta_allocated"] > 0
 
-    shown = subprocess.run(
-        [_bin(with_torch, "vramlab"), "show", exp["id"][:8]],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    shown = _in(with_torch, env, "vramlab", "show", exp["id"][:8], timeout=60)
     assert shown.returncode == 0 and "delta_allocated" in shown.stdout, shown.stderr
 
     program = textwrap.dedent(
@@ -174,14 +164,7 @@ def test_submit_wait_and_the_python_api(with_torch: Path, service: str, tmp_path
                 print(exc.status_code, exc.type)
         """
     )
-    api = subprocess.run(
-        [_bin(with_torch, "python"), "-c", program],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    api = _in(with_torch, env, "python", "-c", program, cwd=tmp_path, timeout=300)
     assert api.returncode == 0, api.stderr
     assert api.stdout.split() == ["422", "validation_error"]
 
@@ -195,19 +178,11 @@ def test_record_a_program(with_torch: Path, service: str, tmp_path: Path) -> Non
             "DEVICE", "'cuda' if torch.cuda.is_available() else 'cpu'"
         )
     )
-    done = subprocess.run(
-        [_bin(with_torch, "vramlab"), "record", "--", "python", str(real)],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = _in(
+        with_torch, env, "vramlab", "record", "--", "python", str(real), cwd=tmp_path, timeout=300
     )
-    has_cuda = subprocess.run(
-        [_bin(with_torch, "python"), "-c", "import torch; print(torch.cuda.is_available())"],
-        env=env,
-        capture_output=True,
-        text=True,
+    has_cuda = _in(
+        with_torch, env, "python", "-c", "import torch; print(torch.cuda.is_available())"
     ).stdout.strip()
     if has_cuda == "True":
         assert done.returncode == 0, done.stderr
@@ -219,12 +194,18 @@ def test_record_a_program(with_torch: Path, service: str, tmp_path: Path) -> Non
     # Where there is no GPU: a program that leaves what PyTorch's dump would.
     fake = tmp_path / "train.py"
     fake.write_text(FAKE_PROGRAM.format(root=str(REPO)))
-    done = subprocess.run(
-        [_bin(with_torch, "vramlab"), "record", "--name", "alone", "--", "python", str(fake), "0"],
+    done = _in(
+        with_torch,
+        env,
+        "vramlab",
+        "record",
+        "--name",
+        "alone",
+        "--",
+        "python",
+        str(fake),
+        "0",
         cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
@@ -242,14 +223,7 @@ def test_record_a_program(with_torch: Path, service: str, tmp_path: Path) -> Non
         print(run.code, run.snapshot["id"])
         """
     )
-    done = subprocess.run(
-        [_bin(with_torch, "python"), "-c", program],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = _in(with_torch, env, "python", "-c", program, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr
     code, snap_id = done.stdout.split()
     assert code == "4"  # the program's status
