@@ -1,8 +1,10 @@
-"""Tiny CPU experiments through the real API: single claims and reports against batches,
+"""Tiny experiments through the real API: single claims and reports against batches,
 side by side in one run, on SQLite and on PostgreSQL, with API time per experiment.
 
     python bench/worker_batches.py [-n 400] [--concurrency 2] [--batch 16]
                                    [--engines sqlite,postgres] [--no-profile]
+                                   [--device cpu|cuda] [--submit posts|sweep]
+                                   [--modes 1,16] [--reference]
 
 For each database (a temporary SQLite file; a temporary database on the PostgreSQL at
 VRAMLAB_BENCH_POSTGRES_URL, default postgresql://postgres@127.0.0.1:5432/postgres) and
@@ -16,6 +18,13 @@ client's polling, all of it) and whether every result's allocator figures are eq
 the single-claim run's. Then, unless --no-profile, it runs each engine's batch setting
 again with the API under cProfile (bench/profiled_serve.py: every thread, timed by its
 CPU time) and prints where the API's time went, per experiment, by layer and by function.
+
+``--submit sweep`` submits one sweep of N points (a grid of N shapes, one POST) instead of
+N POSTs, and times it from the POST to the last result seen by the client: the issue's
+"1,000-point sweep in <= 10 s". ``--device cuda`` runs the experiments on the GPU.
+``--reference`` first times the same op in a loop in one process (the same allocator
+figures read after each), the floor any service sits above. Rates below the issue's
+targets (>= 200 a second on one GPU; a 1,000-point sweep in <= 10 s) are marked BELOW.
 """
 
 import argparse
@@ -50,6 +59,8 @@ SPEC: dict[str, Any] = {
     "repeat": 1,
     "trace": "none",
 }
+TARGET_RATE = 200.0  # experiments a second, shared processes, one GPU
+TARGET_SWEEP_S = 10.0  # a 1,000-point sweep, submit to its last result
 POSTGRES = os.environ.get(
     "VRAMLAB_BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
 )
@@ -120,22 +131,62 @@ def _listed(client: httpx.Client, tag: str) -> list[dict[str, Any]]:
             return items
 
 
-def sweep(client: httpx.Client, n: int) -> tuple[float, float, set[tuple[int, ...]]]:
-    """Experiments a second, API CPU ms an experiment, and the allocator figures seen."""
-    run_to_end(client, SPEC)  # the shared processes start: not counted
-    tag = f"sweep-{uuid.uuid4().hex[:8]}"
-    body = {**SPEC, "tags": [tag]}
-    cpu_before = _api_cpu_seconds()
-    with ThreadPoolExecutor(4) as pool:
-        for response in pool.map(lambda _: client.post("/v1/experiments", json=body), range(n)):
-            response.raise_for_status()
+def _wait_for(client: httpx.Client, tag: str) -> None:
     while True:
-        time.sleep(0.2)  # cheap to answer: one unfinished row at most
+        time.sleep(0.1)  # cheap to answer: one unfinished row at most
         waiting = client.get(
             "/v1/experiments", params={"tag": tag, "status": ["queued", "running"], "limit": 1}
         ).json()
         if not waiting["items"]:
-            break
+            return
+
+
+def _shape(i: int) -> list[int]:
+    return [64, 1 + i]
+
+
+class Run:
+    """One measured run: its rate, wall time, API CPU and every point's figures."""
+
+    def __init__(self, n: int, wall_s: float, span_s: float, api_ms: float, figures: Any):
+        self.n, self.wall_s, self.span_s, self.api_ms, self.figures = (
+            n,
+            wall_s,
+            span_s,
+            api_ms,
+            figures,
+        )
+
+    @property
+    def rate(self) -> float:
+        return self.n / self.span_s
+
+
+def sweep(client: httpx.Client, n: int, spec: dict[str, Any], submit: str) -> Run:
+    """Submit N tiny experiments (N POSTs, or one sweep of N shapes), wait for every result."""
+    run_to_end(client, spec)  # the shared processes start: not counted
+    tag = f"sweep-{uuid.uuid4().hex[:8]}"
+    body = {**spec, "tags": [tag]}
+    cpu_before = _api_cpu_seconds()
+    started = time.perf_counter()
+    if submit == "sweep":
+        # An axis holds at most 200 values: shapes times repeats.
+        repeats = -(-n // 200)
+        if n % repeats:
+            raise SystemExit(f"-n {n}: with --submit sweep, a multiple of {repeats}")
+        grid = {
+            "shape": [_shape(i) for i in range(n // repeats)],
+            "repeat": list(range(1, repeats + 1)),
+        }
+        response = client.post("/v1/sweeps", json={"spec": body, "grid": grid})
+        if response.status_code != 202:
+            raise RuntimeError(f"sweep refused: {response.status_code} {response.text[:400]}")
+    else:
+        with ThreadPoolExecutor(4) as pool:
+            for response in pool.map(lambda _: client.post("/v1/experiments", json=body), range(n)):
+                response.raise_for_status()
+    _wait_for(client, tag)
+    wall = time.perf_counter() - started
     cpu_after = _api_cpu_seconds()
     items = _listed(client, tag)
     bad = [e["status"] for e in items if e["status"] != "succeeded"]
@@ -143,8 +194,36 @@ def sweep(client: httpx.Client, n: int) -> tuple[float, float, set[tuple[int, ..
         raise RuntimeError(f"{len(items)} of {n} listed; ended {bad[:5]}")
     first = min(_at(e["created_at"]) for e in items)
     last = max(_at(e["finished_at"]) for e in items)
-    figures = {tuple(e["result"]["memory"][k] for k in ALLOCATOR_KEYS) for e in items}
-    return n / (last - first), (cpu_after - cpu_before) * 1000 / n, figures
+    figures = {
+        (
+            tuple(e["spec"]["shape"]),
+            e["spec"]["repeat"],
+            tuple(e["result"]["memory"][k] for k in ALLOCATOR_KEYS),
+        )
+        for e in items
+    }
+    return Run(n, wall, last - first, (cpu_after - cpu_before) * 1000 / n, figures)
+
+
+def reference_loop(n: int, device: str, submit: str) -> float:
+    """The same op N times in a loop in one process, the allocator's figures read after
+    each as the worker reads them: experiments a second with no service at all."""
+    import torch
+
+    dev = torch.device(device)
+    shapes = [_shape(i % 200) if submit == "sweep" else SPEC["shape"] for i in range(n)]
+    started = time.perf_counter()
+    for shape in shapes:
+        if dev.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(dev)
+        a = torch.ones(shape, device=dev)
+        b = torch.ones(shape, device=dev)
+        c = a + b
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+            torch.cuda.memory_stats(dev)
+        del a, b, c
+    return n / (time.perf_counter() - started)
 
 
 def where_the_time_went(path: Path, n: int, top: int = 12) -> None:
@@ -172,41 +251,66 @@ def main() -> None:
     parser.add_argument("-n", type=int, default=400, help="experiments a sweep (default 400)")
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--modes", default=None, help="worker --batch values (default 1,BATCH)")
     parser.add_argument("--engines", default="sqlite,postgres")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--submit", default="posts", choices=("posts", "sweep"))
+    parser.add_argument("--reference", action="store_true")
     parser.add_argument("--no-profile", action="store_true")
     args = parser.parse_args()
+    spec = {**SPEC, "device": args.device}
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    batches = (args.modes or f"1,{args.batch}").split(",")
     modes = [
-        ("single claims (--batch 1)", "1"),
-        (f"batches (--batch {args.batch})", str(args.batch)),
+        ("single claims (--batch 1)" if b == "1" else f"batches (--batch {b})", b) for b in batches
     ]
-    rows: list[tuple[str, str, float, float, bool]] = []
+    reference = reference_loop(args.n, args.device, args.submit) if args.reference else None
+    rows: list[tuple[str, str, Run, bool]] = []
     for engine in engines:
-        reference: set[tuple[int, ...]] | None = None
+        seen: set[Any] | None = None
         for label, batch in modes:
             worker_args = ["--concurrency", str(args.concurrency), "--batch", batch]
             with (
                 database(engine) as url,
-                running_service("cpu", worker_args=worker_args, database_url=url) as client,
+                running_service(args.device, worker_args=worker_args, database_url=url) as client,
             ):
-                rate, api_ms, figures = sweep(client, args.n)
-            reference = figures if reference is None else reference
-            same = figures == reference and len(figures) == 1
-            rows.append((engine, label, rate, api_ms, same))
-            print(f"{engine}, {label}: {rate:.1f}/s, API {api_ms:.2f} ms an experiment", flush=True)
+                run = sweep(client, args.n, spec, args.submit)
+            seen = run.figures if seen is None else seen
+            same = run.figures == seen
+            rows.append((engine, label, run, same))
+            print(
+                f"{engine}, {label}: {run.rate:.1f}/s, {run.wall_s:.2f} s submit to last result "
+                f"seen, API {run.api_ms:.2f} ms an experiment",
+                flush=True,
+            )
+    how = "one sweep of N shapes" if args.submit == "sweep" else "N POSTs"
     print(
-        f"\n{args.n} tiny shared-process CPU experiments (add 64x64 float32), worker "
-        f"--concurrency {args.concurrency}, submit to stored result through the real API"
+        f"\n{args.n} tiny shared-process {args.device} experiments (add 64xK float32, {how}), "
+        f"worker --concurrency {args.concurrency}, submit to stored result through the real API"
     )
-    print(f"{'database':<9} {'worker':<26} {'exp/s':>7} {'x':>6} {'API ms/exp':>11}  figures")
+    if reference is not None:
+        print(f"reference: the same op in a loop in one process: {reference:.0f}/s")
+    print(
+        f"{'database':<9} {'worker':<26} {'exp/s':>7} {'x':>6} {'wall s':>7} {'API ms/exp':>11}"
+        "  figures"
+    )
     for engine in engines:
         mine = [r for r in rows if r[0] == engine]
-        base = mine[0][2]
-        for _, label, rate, api_ms, same in mine:
+        base = mine[0][2].rate
+        for _, label, run, same in mine:
+            marks = []
+            if args.device == "cuda" and run.rate < TARGET_RATE:
+                marks.append(f"BELOW {TARGET_RATE:.0f}/s")
+            if args.submit == "sweep" and args.n >= 1000 and run.wall_s > TARGET_SWEEP_S:
+                marks.append(f"BELOW: sweep over {TARGET_SWEEP_S:.0f} s")
             print(
-                f"{engine:<9} {label:<26} {rate:7.1f} {rate / base:6.2f} {api_ms:11.2f}  "
-                f"{'equal to single claims' if same else 'DIFFER'}"
+                f"{engine:<9} {label:<26} {run.rate:7.1f} {run.rate / base:6.2f} "
+                f"{run.wall_s:7.2f} {run.api_ms:11.2f}  "
+                f"{'equal to the first mode' if same else 'DIFFER'}  {' '.join(marks)}"
             )
+    if reference is not None:
+        best = max(r[2].rate for r in rows)
+        print(f"best service rate / one-process loop: {best / reference:.3f}")
     if args.no_profile:
         return
     for engine in engines:
@@ -216,10 +320,10 @@ def main() -> None:
             worker_args = ["--concurrency", str(args.concurrency), "--batch", batch]
             with database(engine) as url:
                 with running_service(
-                    "cpu", worker_args=worker_args, database_url=url, serve=serve
+                    args.device, worker_args=worker_args, database_url=url, serve=serve
                 ) as client:
-                    rate, _, _ = sweep(client, args.n)
-                print(f"\n{engine}, {label}, API under cProfile ({rate:.1f}/s):")
+                    run = sweep(client, args.n, spec, args.submit)
+                print(f"\n{engine}, {label}, API under cProfile ({run.rate:.1f}/s):")
                 where_the_time_went(out, args.n)
 
 
