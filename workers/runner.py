@@ -345,7 +345,9 @@ class Runner:
             yield counter
         finally:
             with self._lock:
-                running.remove(counter)
+                # By identity: counters are lists, and list.remove would take the first
+                # one that merely holds the same number, another experiment's.
+                running[:] = [other for other in running if other is not counter]
 
     def _launch(
         self,

@@ -1,5 +1,6 @@
 """Warm spare children and concurrent experiments, through the runner's public interface."""
 
+import contextlib
 import threading
 import time
 from pathlib import Path
@@ -127,5 +128,25 @@ def test_a_runner_keeps_as_many_spares_as_asked(make_spec: SpecFactory) -> None:
             assert time.monotonic() < deadline, "the spare was not replaced"
             time.sleep(0.05)
         assert outcome.pid not in {p.pid for p in runner.spares("cpu")}
+    finally:
+        runner.close()
+
+
+def test_experiments_that_end_out_of_order_each_keep_their_own_count() -> None:
+    """The loops of `--concurrency N` enter and leave the device's count in any order. The
+    count was removed by value, so an experiment leaving could take another's entry: a
+    later one then raised ValueError inside the worker loop (seen with --concurrency 4 and
+    batch claims, which stopped the worker), and `concurrent` figures were wrong."""
+    runner = Runner(warm=False)
+    try:
+        with contextlib.ExitStack() as c_stack:
+            c = c_stack.enter_context(runner._sharing("cpu"))
+            with runner._sharing("cpu") as b:
+                assert b[0] == 2
+            with runner._sharing("cpu") as a, runner._sharing("cpu") as b2:
+                assert (a[0], b2[0]) == (3, 3)
+            assert c[0] == 3  # three ran at once while it ran
+        with runner._sharing("cpu") as alone:
+            assert alone[0] == 1  # nothing left behind
     finally:
         runner.close()
