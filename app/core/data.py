@@ -28,6 +28,8 @@ Text = Annotated[str, StringConstraints(pattern=TEXT_PATTERN)]
 def _text_problem(text: str) -> str | None:
     if "\x00" in text:
         return "text may not contain NUL (\\u0000)"
+    if text.isascii():
+        return None
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -39,6 +41,23 @@ def problem(value: Any, depth: int = 0) -> str | None:
     """Why ``value`` is not plain, storable JSON data, or None if it is."""
     if depth > MAX_DEPTH:
         return f"nests more than {MAX_DEPTH} levels deep"
+    # The exact types first (what JSON parsing gives): a worker's outcome holds hundreds
+    # of values, and this runs on each of them.
+    kind = type(value)
+    if kind is str:
+        return _text_problem(value)
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str and not isinstance(key, str):
+                return "object keys must be strings"
+            if (why := _text_problem(key) or problem(item, depth + 1)) is not None:
+                return why
+        return None
+    if kind is list or kind is tuple:
+        for item in value:
+            if (why := problem(item, depth + 1)) is not None:
+                return why
+        return None
     if value is None or isinstance(value, bool):
         return None
     if isinstance(value, int):
@@ -48,17 +67,9 @@ def problem(value: Any, depth: int = 0) -> str | None:
     if isinstance(value, str):
         return _text_problem(value)
     if isinstance(value, list | tuple):
-        for item in value:
-            if (why := problem(item, depth + 1)) is not None:
-                return why
-        return None
+        return problem(list(value), depth)
     if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                return "object keys must be strings"
-            if (why := _text_problem(key) or problem(item, depth + 1)) is not None:
-                return why
-        return None
+        return problem(dict(value), depth)
     return f"{type(value).__name__} is not JSON data"
 
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import CursorResult, Select, delete, func, select, update
+from sqlalchemy import CursorResult, Select, Table, bindparam, delete, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from app.access.tokens import Principal
@@ -69,12 +69,16 @@ def _reload(session: Session, experiment_id: str) -> Experiment:
     return exp
 
 
-def _lease_lost(session: Session, experiment_id: str) -> LeaseLost:
-    status = session.scalar(select(Experiment.status).where(Experiment.id == experiment_id))
-    return LeaseLost(
+def _lease_lost_message(experiment_id: str, status: str | None) -> str:
+    return (
         f"this lease no longer owns experiment {experiment_id} (it is {status or 'gone'}); "
         "drop the work: another attempt owns it or it has ended"
     )
+
+
+def _lease_lost(session: Session, experiment_id: str) -> LeaseLost:
+    status = session.scalar(select(Experiment.status).where(Experiment.id == experiment_id))
+    return LeaseLost(_lease_lost_message(experiment_id, status))
 
 
 def _locked_in_order(session: Session, stmt: Select[Any]) -> Select[Any]:
@@ -232,11 +236,8 @@ def release(session: Session, experiment_id: str, token: str, now: datetime) -> 
     return _reload(session, experiment_id)
 
 
-def finish(
-    session: Session, experiment_id: str, req: OutcomeRequest, now: datetime, *, seen: bool = True
-) -> Experiment:
-    """Store the outcome under its lease. ``seen=False``: the caller marks the worker seen
-    once it has stored every outcome of a batch (the worker's row is locked last)."""
+def _finish_values(req: OutcomeRequest, now: datetime) -> dict[str, Any]:
+    """The experiment's columns an outcome sets: its status, the end, its error if any."""
     values: dict[str, Any] = {"status": req.status, "finished_at": now, **_NO_LEASE}
     if req.error is not None:
         values |= {
@@ -245,7 +246,30 @@ def finish(
             "error_hint": req.error.hint,
             "error_details": req.error.details,
         }
-    if not transition(session, experiment_id, Status.RUNNING, req.lease_token, **values):
+    return values
+
+
+def _trace_mismatch(req: OutcomeRequest, stored: int) -> str:
+    return (
+        f"trace_events: the outcome says {req.trace_events} events but "
+        f"{stored} were uploaded under this lease; upload every chunk first"
+    )
+
+
+def _result_data(req: OutcomeRequest) -> dict[str, Any] | None:
+    if req.result is None:
+        return None
+    return req.result.model_dump(mode="json", by_alias=True, exclude_unset=True)
+
+
+def finish(
+    session: Session, experiment_id: str, req: OutcomeRequest, now: datetime, *, seen: bool = True
+) -> Experiment:
+    """Store the outcome under its lease. ``seen=False``: the caller marks the worker seen
+    once it has stored every outcome of a batch (the worker's row is locked last)."""
+    if not transition(
+        session, experiment_id, Status.RUNNING, req.lease_token, **_finish_values(req, now)
+    ):
         raise _lease_lost(session, experiment_id)
     # The transaction rolls back on this refusal: the lease stays and the worker may retry.
     if req.trace_events:
@@ -256,13 +280,11 @@ def finish(
         )
         if stored != req.trace_events:
             raise ApiError(
-                f"trace_events: the outcome says {req.trace_events} events but "
-                f"{stored} were uploaded under this lease; upload every chunk first",
+                _trace_mismatch(req, stored or 0),
                 details=[{"field": "trace_events", "message": f"{stored} stored"}],
             )
     exp = _reload(session, experiment_id)
-    if req.result is not None:
-        data = req.result.model_dump(mode="json", by_alias=True, exclude_unset=True)
+    if (data := _result_data(req)) is not None:
         exp.result = Result(worker_id=exp.worker_id, attempt=exp.attempts, data=data)
     if seen and exp.worker_id is not None:
         workers.seen(session, exp.worker_id, now)
@@ -282,35 +304,109 @@ def finish_many(
 ) -> list[Verdict]:
     """Store a batch of outcomes, each on its own: one whose lease was lost, or that
     another token's worker claimed, or that does not hold up is refused and changes
-    nothing (a savepoint each); the others are stored. Verdicts in the items' order.
+    nothing; the others are stored. Verdicts in the items' order.
 
-    The experiments are locked in the order of their ids and the workers' rows after
-    them all, the order of every other call on claimed experiments."""
-    verdicts: dict[int, Verdict] = {}
-    workers_seen: set[str] = set()
-    for i in sorted(range(len(items)), key=lambda i: items[i].experiment_id):
-        item = items[i]
+    A few statements for the whole batch, not several an outcome: the experiments are
+    read (on PostgreSQL locked, in the order of their ids) with what decides each verdict
+    (status, lease, the claimer's token, the trace events stored), then the stored ones
+    are written together and the workers' rows touched last, the order of every other
+    call on claimed experiments. The rows are held from the read to the commit, so what
+    was decided still holds when it is written."""
+    ids = sorted({item.experiment_id for item in items})
+    stmt = (
+        select(
+            Experiment.id,
+            Experiment.status,
+            Experiment.lease_token,
+            Experiment.worker_id,
+            Experiment.attempts,
+            Worker.registered_by,
+        )
+        .outerjoin(Worker, Worker.id == Experiment.worker_id)
+        .where(Experiment.id.in_(ids))
+        .order_by(Experiment.id)
+    )
+    if session.get_bind().dialect.name == "postgresql":
+        stmt = stmt.with_for_update(of=Experiment)
+    rows = {row.id: row for row in session.execute(stmt)}
+    traced = sorted({item.experiment_id for item in items if item.trace_events})
+    events: dict[str, int] = {}
+    if traced:
+        counted = (
+            select(TraceChunk.experiment_id, func.sum(TraceChunk.n_events))
+            .where(TraceChunk.experiment_id.in_(traced))
+            .group_by(TraceChunk.experiment_id)
+        )
+        events = {exp_id: int(n or 0) for exp_id, n in session.execute(counted)}
+
+    verdicts: list[Verdict] = []
+    stored: list[tuple[ReportItem, Any]] = []
+    taken: set[str] = set()  # an experiment reported twice in one batch: the first counts
+    for item in items:
         exp_id = item.experiment_id
-        if not workers.may_act_for_claim(session, exp_id, who):
-            verdicts[i] = Verdict(
-                exp_id,
-                ReportVerdict.REFUSED,
-                error=f"forbidden: experiment {exp_id} was claimed by another token's worker",
+        row = rows.get(exp_id)
+        claimer = row.registered_by if row is not None else None
+        if claimer is not None and claimer != who.id and not who.allows("admin"):
+            error = f"forbidden: experiment {exp_id} was claimed by another token's worker"
+            verdicts.append(Verdict(exp_id, ReportVerdict.REFUSED, error=error))
+            continue
+        if (
+            row is None
+            or exp_id in taken
+            or row.status != Status.RUNNING
+            or row.lease_token != item.lease_token
+        ):
+            status = (
+                "gone" if row is None else (Status.SUCCEEDED if exp_id in taken else row.status)
             )
+            lost = _lease_lost_message(exp_id, status)
+            verdicts.append(Verdict(exp_id, ReportVerdict.LEASE_LOST, error=lost))
             continue
-        try:
-            with session.begin_nested():
-                exp = finish(session, exp_id, item, now, seen=False)
-                session.flush()
-        except LeaseLost as exc:
-            verdicts[i] = Verdict(exp_id, ReportVerdict.LEASE_LOST, error=exc.message)
+        if item.trace_events and events.get(exp_id, 0) != item.trace_events:
+            error = f"{ApiError.type}: {_trace_mismatch(item, events.get(exp_id, 0))}"
+            verdicts.append(Verdict(exp_id, ReportVerdict.REFUSED, error=error))
             continue
-        except ApiError as exc:
-            verdicts[i] = Verdict(exp_id, ReportVerdict.REFUSED, error=f"{exc.type}: {exc.message}")
-            continue
-        verdicts[i] = Verdict(exp_id, ReportVerdict.STORED, status=exp.status)
-        if exp.worker_id is not None:
-            workers_seen.add(exp.worker_id)
-    for worker_id in sorted(workers_seen):
+        taken.add(exp_id)
+        stored.append((item, row))
+        verdicts.append(Verdict(exp_id, ReportVerdict.STORED, status=item.status))
+    if stored:
+        _store_outcomes(session, stored, now)
+    for worker_id in sorted({row.worker_id for _, row in stored if row.worker_id is not None}):
         workers.seen(session, worker_id, now)
-    return [verdicts[i] for i in range(len(items))]
+    return verdicts
+
+
+def _store_outcomes(session: Session, stored: list[tuple[ReportItem, Any]], now: datetime) -> None:
+    """Write outcomes whose leases were checked under lock: one UPDATE a set of columns
+    (with an error, without one), run over every row, and one INSERT of the results."""
+    by_columns: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for item, _row in stored:
+        values = _finish_values(item, now)
+        by_columns.setdefault(tuple(sorted(values)), []).append(
+            {"b_id": item.experiment_id, **{f"b_{k}": v for k, v in values.items()}}
+        )
+    for columns, params in by_columns.items():
+        # The table's (Core) UPDATE run over every row; the ORM's own form of it wants
+        # primary keys among the values instead of a WHERE.
+        table = cast(Table, Experiment.__table__)
+        stmt = (
+            update(table)
+            .where(table.c.id == bindparam("b_id"))
+            .values({k: bindparam(f"b_{k}") for k in columns})
+        )
+        session.execute(stmt, params)
+    results = [
+        {
+            "experiment_id": item.experiment_id,
+            "worker_id": row.worker_id,
+            "attempt": row.attempts,
+            "data": data,
+            "created_at": now,
+        }
+        for item, row in stored
+        if (data := _result_data(item)) is not None
+    ]
+    if results:
+        ids = [r["experiment_id"] for r in results]
+        session.execute(delete(Result).where(Result.experiment_id.in_(ids)))
+        session.execute(insert(Result), results)
