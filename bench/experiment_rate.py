@@ -162,6 +162,7 @@ def main() -> None:
         ("2 warm spares, 1 at a time", ["--spares", "2"], clean),
         (f"cold path, {n} at once", ["--cold", "--concurrency", n], clean),
         (f"warm spares, {n} at once", ["--concurrency", n], clean),
+        (f"{n} warm spares, {n} at once", ["--concurrency", n, "--spares", n], clean),
     ]
     if args.isolation == "shared":
         settings += [
