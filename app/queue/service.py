@@ -341,7 +341,8 @@ def finish_many(
 
     verdicts: list[Verdict] = []
     stored: list[tuple[ReportItem, Any]] = []
-    taken: set[str] = set()  # an experiment reported twice in one batch: the first counts
+    # An experiment reported twice in one batch: the first counts; its status, by id.
+    taken: dict[str, str] = {}
     for item in items:
         exp_id = item.experiment_id
         row = rows.get(exp_id)
@@ -366,7 +367,7 @@ def finish_many(
             error = f"{ApiError.type}: {_trace_mismatch(item, events.get(exp_id, 0))}"
             verdicts.append(Verdict(exp_id, ReportVerdict.REFUSED, error=error))
             continue
-        taken.add(exp_id)
+        taken[exp_id] = item.status
         stored.append((item, row))
         verdicts.append(Verdict(exp_id, ReportVerdict.STORED, status=item.status))
     if stored:
