@@ -1,14 +1,17 @@
 """Prometheus metrics, read from the database at scrape time.
 
 The queue lives in the database, so its gauges are counted there on each scrape: every
-API replica reports the same figures, and nothing is kept in process memory.
+API replica reports the same figures. One counter is this process's own: the claims'
+looks for work, by whether they found any (a look that finds nothing is a transaction
+that took the database, and SQLite's write slot, for nothing).
 """
 
 from collections.abc import Callable, Iterator
 from datetime import datetime
 
+from prometheus_client import Counter
 from prometheus_client.core import GaugeMetricFamily
-from prometheus_client.registry import Collector
+from prometheus_client.registry import Collector, CollectorRegistry
 from sqlalchemy import func, select
 
 from app.core.config import Settings
@@ -60,3 +63,12 @@ class QueueCollector(Collector):
         yield imported
         yield failures
         yield live_workers
+
+
+def claim_looks(registry: CollectorRegistry) -> Counter:
+    return Counter(
+        "vramlab_claim_looks",
+        "Looks for work by this process's waiting claims, by whether they found any",
+        labelnames=["found"],
+        registry=registry,
+    )

@@ -1,8 +1,12 @@
 """Wakes claims that wait for work as soon as an experiment is queued, on every replica.
 
-Waiters take the current event *before* they look for work, so a notification that
-lands between their look and their wait still wakes them. A transaction that queues work
-calls ``after_commit``: once it commits, this process's waiting claims wake, and on
+Waiters enlist *before* they look for work, so a notification that lands between their
+look and their wait still wakes them. A transaction that queues work calls
+``after_commit`` with how many experiments it queued: once it commits, as many of this
+process's waiting claims wake, the longest waiting first (one experiment submitted wakes
+one claim, not every loop of every worker: the others would each take the database's
+write slot to find nothing), and a sweep wakes them all. A waiter that was woken and
+leaves without looking hands the wake on. On
 PostgreSQL the ``Replicas`` task sends ``NOTIFY`` on a connection of its own, off the
 request's path and coalesced (at most one each ``NOTIFY_GAP_SECONDS``), which wakes the
 waiting claims of every other API replica through their ``LISTEN``. The poll every
@@ -13,6 +17,7 @@ re-made).
 import asyncio
 import logging
 import uuid
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import event
@@ -36,7 +41,8 @@ NOTIFY_GAP_SECONDS = 0.05
 class WorkSignal:
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._event = asyncio.Event()
+        # Waiting claims, the longest waiting first: each an event that its wake sets.
+        self._waiting: deque[asyncio.Event] = deque()
         # Names this process in its NOTIFY payloads, so its listener skips its own.
         self.replica = uuid.uuid4().hex
         # Set when work was queued here and the other replicas are yet to be told.
@@ -45,38 +51,58 @@ class WorkSignal:
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
 
-    def current(self) -> asyncio.Event:
-        return self._event
+    def enlist(self) -> asyncio.Event:
+        """A ticket that a wake sets; take it before looking for work. On the event loop."""
+        ticket = asyncio.Event()
+        self._waiting.append(ticket)
+        return ticket
 
-    def wake(self) -> None:
-        """Wake every waiting claim; call on the event loop."""
-        event_, self._event = self._event, asyncio.Event()
-        event_.set()
+    def leave(self, ticket: asyncio.Event, *, unused_wake: bool = False) -> None:
+        """The waiter is done: off the list; a wake it got and did not look after (or
+        ``unused_wake``) goes to the next waiter."""
+        try:
+            self._waiting.remove(ticket)
+        except ValueError:
+            unused_wake = True  # it was woken: taken off the list by the wake
+        if unused_wake:
+            self.wake(1)
 
-    def notify(self) -> None:
-        """Work was queued: wake every waiting claim of this process, and have the other
-        replicas told; safe to call from any thread."""
+    def wake(self, count: int | None = None) -> None:
+        """Wake ``count`` waiting claims (every one when None); call on the event loop."""
+        n = len(self._waiting) if count is None else min(count, len(self._waiting))
+        for _ in range(n):
+            self._waiting.popleft().set()
+
+    def notify(self, count: int | None = None) -> None:
+        """``count`` experiments were queued (None: unknown): wake as many waiting claims
+        of this process, and have the other replicas told; safe to call from any thread."""
         if self._loop is None or self._loop.is_closed():
             return
-        self._loop.call_soon_threadsafe(self._queued)
+        self._loop.call_soon_threadsafe(self._queued, count)
 
-    def _queued(self) -> None:
-        self.wake()
+    def _queued(self, count: int | None) -> None:
+        self.wake(count)
         self.outgoing.set()
 
-    def after_commit(self, session: Session) -> None:
-        """Wake waiting claims here and on every replica once this transaction commits;
-        once per transaction however many experiments it queues (a sweep)."""
-        session.info[_PENDING] = self
+    def after_commit(self, session: Session, count: int | None = None) -> None:
+        """Wake ``count`` waiting claims here (None: all), and every replica's, once this
+        transaction commits; once per transaction, the counts of its calls added up."""
+        pending = session.info.get(_PENDING)
+        if pending is not None and pending[1] is not None and count is not None:
+            count += pending[1]
+        elif pending is not None:
+            count = None
+        session.info[_PENDING] = (self, count)
 
 
 # One listener for every session (cheaper than one registered per transaction): a
 # transaction that queued work wakes the signal it named; one rolled back forgets it.
 @event.listens_for(Session, "after_commit")
 def _committed(session: Session) -> None:
-    signal = session.info.pop(_PENDING, None)
-    if signal is not None:
-        signal.notify()
+    pending = session.info.pop(_PENDING, None)
+    if pending is not None:
+        signal, count = pending
+        signal.notify(count)
 
 
 @event.listens_for(Session, "after_rollback")

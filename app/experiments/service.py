@@ -72,7 +72,7 @@ def submit(
             _INSERT_TAG,
             [{"experiment_id": row["id"], "tag": t, "created_at": now} for t in accepted.spec.tags],
         )
-    signal.after_commit(session)
+    signal.after_commit(session, 1)
     return row
 
 

@@ -184,7 +184,7 @@ def advance(
                 for t in point.spec.tags
             ]
             s.execute(insert(ExperimentTag), tags)
-            signal.after_commit(s)
+            signal.after_commit(s, len(rows))
     return True
 
 

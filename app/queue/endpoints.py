@@ -143,16 +143,20 @@ async def _long_poll(
     # A worker that stops cuts its poll short by closing the connection: notice it at
     # once, so that nothing is claimed for it and a shutting-down server is not held up.
     gone = asyncio.ensure_future(_client_gone(request))
+    ticket = signal.enlist()  # before looking, so no wake-up slips between
+    unused_wake = False  # woken, and not looked since
     try:
         while True:
-            woken = signal.current()  # taken before looking, so no wake-up slips between
             if gone.done():
                 return []
             claimed = await run_in_threadpool(_try_claim, db, req.worker_id, settings, clock, limit)
+            request.app.state.claim_looks.labels(found=str(bool(claimed)).lower()).inc()
+            unused_wake = False
             if claimed and gone.done():
                 # The worker left while this claim waited for the database: nobody would
-                # read the answer, so the experiments go back unrun.
+                # read the answer, so the experiments go back unrun, for another claim.
                 await run_in_threadpool(_give_back, db, claimed, clock)
+                signal.notify(len(claimed))
                 return []
             if claimed:
                 return claimed
@@ -162,9 +166,13 @@ async def _long_poll(
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return []
-            await _first(gone, wait_for(woken, min(remaining, settings.claim_poll_seconds)))
+            await _first(gone, wait_for(ticket, min(remaining, settings.claim_poll_seconds)))
+            if ticket.is_set():
+                ticket = signal.enlist()
+                unused_wake = True
     finally:
         gone.cancel()
+        signal.leave(ticket, unused_wake=unused_wake)
 
 
 @router.post(
@@ -335,9 +343,10 @@ def report_batch(
     dependencies=[WorkerOwnsExperiment],
 )
 def release(
-    experiment_id: ExperimentId, req: LeaseRequest, s: SessionDep, now: NowDep
+    experiment_id: ExperimentId, req: LeaseRequest, s: SessionDep, now: NowDep, signal: SignalDep
 ) -> dict[str, str]:
     exp = queue.release(s, experiment_id, req.lease_token, now)
+    signal.after_commit(s, 1)  # queued again: a waiting claim takes it now, not at its poll
     return {"id": exp.id, "status": exp.status}
 
 

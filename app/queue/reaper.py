@@ -67,4 +67,4 @@ async def run(
             continue
         if settled:
             log.info("settled %d expired lease(s)", settled)
-            signal.notify()  # requeued work: wake the claims that wait
+            signal.notify(settled)  # requeued work: wake as many waiting claims

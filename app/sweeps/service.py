@@ -176,7 +176,7 @@ def create(
     ]
     if tags:
         session.execute(insert(ExperimentTag), tags)
-    signal.after_commit(session)
+    signal.after_commit(session, len(rows))
     keys = list(body.grid)
     return SweepOut(
         id=sweep.id,
