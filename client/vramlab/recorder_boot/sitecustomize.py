@@ -5,12 +5,16 @@ Python imports ``sitecustomize`` at start-up from the PYTHONPATH; ``vramlab reco
 this folder first and says where to write in ``VRAMLAB_RECORD_OUT``. Only the first
 Python process of the program records (its children inherit a marker and skip), and a
 program without CUDA is left alone with a warning. The dump is PyTorch's own snapshot,
-plus ``memory_stats`` (PyTorch's counters, per device) and ``environment``.
+plus ``memory_stats`` (PyTorch's counters, per device), ``environment``, and
+``vramlab_categories``: where the program's parameters, gradients and optimizer state lived,
+seen from inside it (``tensor_marks``), so those categories need no inference.
 """
 
 import os
 import sys
 from typing import Any
+
+KEY = "vramlab_categories"  # tensor_marks.KEY
 
 
 def plain(value: Any) -> Any:
@@ -62,6 +66,26 @@ def _guard_checkpointing(torch: Any, stacks: str, max_entries: int) -> None:
     checkpointing.checkpoint = checkpoint
 
 
+def _marks(torch: Any) -> Any:
+    """``tensor_marks.Marks``, loaded from beside this file (the program's environment
+    need not have vramlab installed), hooked in; None if that fails."""
+    try:
+        import importlib.util
+
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tensor_marks.py")
+        spec = importlib.util.spec_from_file_location("vramlab_tensor_marks", path)
+        if spec is None or spec.loader is None:
+            return None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        marks = module.Marks(torch)
+        marks.install()
+        return marks
+    except Exception as exc:  # the recording goes on, its categories inferred
+        sys.stderr.write(f"vramlab record: categories will be inferred ({exc})\n")
+        return None
+
+
 def _start(out: str) -> None:
     try:
         import torch
@@ -81,9 +105,16 @@ def _start(out: str) -> None:
         enabled="all", context="all", stacks=stacks, max_entries=max_entries
     )
     _guard_checkpointing(torch, stacks, max_entries)
+    marks = _marks(torch)
 
     def dump(path: str) -> None:
+        categories = None
+        if marks is not None:
+            marks._safely(marks.see_all)
+            categories = plain(marks.data())
         snapshot = torch.cuda.memory._snapshot()
+        if categories is not None:
+            snapshot[KEY] = categories
         count = torch.cuda.device_count()
         snapshot["memory_stats"] = plain([torch.cuda.memory_stats(i) for i in range(count)])
         props = torch.cuda.get_device_properties(0)
