@@ -190,6 +190,12 @@ def report(results: list[dict[str, Any]]) -> None:
                 f"{r['fixture']:<19}{row['category']:<16}{mib(row['truth']):>11}" + "".join(cells)
             )
         summary.append((r, worst))
+        t = r["truth"]
+        if t.get("steps") != t.get("steps_recorded", t.get("steps")):
+            print(
+                f"{r['fixture']}: the truth run did {t.get('steps')} steps, the recorded "
+                f"{t.get('steps_recorded')} (-1: out of memory): not the same run"
+            )
     print()
     print(f"{'fixture':<19}{'exit':>5}{'worst recorded':>28}{'':>7}{'worst inferred':>28}")
     for r, worst in summary:

@@ -157,6 +157,24 @@ def _start(out: str) -> None:
             sys.stderr.write(f"vramlab record: could not dump the snapshot: {exc}\n")
 
     atexit.register(at_exit)
+    _dump_on_sigterm(at_exit)
+
+
+def _dump_on_sigterm(at_exit: Any) -> None:
+    """A SIGTERM (a scheduler's time limit, ``kill``) ends a program without its atexit:
+    where the program left SIGTERM to its default, dump first, then die of it as before
+    (the program's own handler, set later, replaces this one)."""
+    import signal
+
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        at_exit()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 _OUT = os.environ.get("VRAMLAB_RECORD_OUT")
