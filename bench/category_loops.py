@@ -1,12 +1,13 @@
 """The training loops of ``bench/category_truth.py`` and the truth computed inside them.
 
-Each fixture is a small training loop (``FIXTURES``). The truth at the peak: parameter,
-gradient and optimizer-state bytes read exactly from the model and the optimizer (tensor
-identities) at the moment PyTorch's ``MemTracker`` sees its peak, and its own attribution
-of the rest (activations, temporaries, inputs) at that moment. Library workspaces (cuBLAS's
-per handle) are no tensor, so no tracker sees them: they are measured at the end of the
-recorded run as the allocator's bytes that no live tensor holds, and counted with the
-temporaries. Blocks are counted as the caching allocator does (rounded up to 512 bytes).
+Each fixture is a small training loop (``FIXTURES``). The truth at the peak: of the
+storages alive when PyTorch's ``MemTracker`` sees its peak, those that were (or became) a
+parameter, a gradient or optimizer state by tensor identity (``truth``), and MemTracker's
+own attribution of the rest (activations, inputs as other, temporaries). Library
+workspaces (cuBLAS's per handle) are no tensor, so no tracker sees them: they are measured
+at the end of the recorded run as the allocator's bytes that no live tensor holds, and
+counted with the temporaries. Blocks are counted as the caching allocator does (rounded up
+to 512 bytes).
 
 Run by ``category_truth.py`` as ``python bench/category_loops.py FIXTURE`` (the program
 ``vramlab record`` records: its OOM fixture dies of the OOM, as a program would).
@@ -196,29 +197,53 @@ def untracked(parts: Parts) -> int:
 
 
 def truth(fx: Fixture, device: str, workspaces: int) -> dict[str, Any]:
-    """One run of the fixture under MemTracker: the categories at its peak."""
+    """One run of the fixture under MemTracker: the categories at its peak.
+
+    After every op, each storage that is a parameter (or buffer), a ``.grad`` or an
+    optimizer's state is named so by identity, for its whole life: a gradient is an op's
+    output until autograd accumulates it, SGD's momentum a clone until its step ends, and
+    both count as such at a peak between. The storages alive at MemTracker's peak are
+    kept, and counted by those names once the run is over; the rest by MemTracker's own
+    attribution (its activations and inputs; temporaries: what is left, plus workspaces)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     parts = build(fx, device)
     dev = torch.device(device, 0) if device == "cuda" else torch.device(device)
+    attr = "_vramlab_category"
+
+    def name() -> None:
+        named: list[tuple[Any, str]] = []
+        named += [(p, P) for p in parts.model.parameters()]
+        named += [(b, P) for b in parts.model.buffers()]
+        named += [(p.grad, G) for p in parts.model.parameters()]
+        for state in parts.optimizer.state.values():
+            named += [(v, S) for v in state.values()]
+        for t, category in named:
+            if isinstance(t, torch.Tensor) and t.device.type == dev.type:
+                found = tracker._WINFO.get(t.untyped_storage())
+                if found is not None and getattr(found[0], attr, None) is None:
+                    setattr(found[0], attr, category)
 
     class Truth(MemTracker):
         best = -1
-        at_peak: tuple[dict[str, int], dict[str, int]] = ({}, {})
+        total = 0
+        alive: list[Any] = []
 
         def _update_peak_stats(self, peak_state: Any) -> None:
             super()._update_peak_stats(peak_state)
+            name()
             snap = self._curr_mem_snap.get(dev)
             if snap and snap["Total"] > self.best:
-                self.best = snap["Total"]
-                named = {getattr(k, "value", str(k)): int(v) for k, v in snap.items()}
-                self.at_peak = (named, exact(parts, dev.type))
+                self.best = self.total = snap["Total"]
+                self.alive = [w for w, _ in self._WINFO.values() if w.device == dev]
 
     tracker = Truth()
     tracker.track_external(parts.model, parts.optimizer)
 
     def inputs(x: torch.Tensor, y: torch.Tensor) -> None:
-        tracker.reset_mod_stats()  # its per-module stats allow one forward each
+        reset = getattr(tracker, "reset_mod_stats", None)
+        if reset is not None:
+            reset()  # its per-module stats allow one forward each
         tracker.track_external(x, y)
 
     steps = 0
@@ -227,19 +252,24 @@ def truth(fx: Fixture, device: str, workspaces: int) -> dict[str, Any]:
             steps = train(fx, parts, device, inputs)
         except torch.OutOfMemoryError:
             steps = -1
-    mt, ex = tracker.at_peak
-    rest = mt.get("Total", 0) - ex[P] - ex[G] - ex[S]
-    act, other = mt.get("Activation", 0), mt.get("Other", 0)
-    cats = {
-        P: ex[P],
-        G: ex[G],
-        S: ex[S],
-        A: act,
-        T: rest - act - other + workspaces,
-        OTHER: other,
-        "unknown": 0,
+    name()
+    cats = dict.fromkeys(CATEGORIES, 0)
+    mt: dict[str, int] = {}
+    for w in tracker.alive:
+        kind = str(getattr(w.reftype, "value", w.reftype))
+        mt[kind] = mt.get(kind, 0) + w.mem_consumed
+        category = getattr(w, attr, None)
+        if category is None:
+            category = {"Activation": A, "Other": OTHER}.get(kind, T)
+        cats[category] += w.mem_consumed
+    cats[T] += workspaces
+    return {
+        "categories": cats,
+        "memtracker": mt,
+        "memtracker_peak": tracker.total,
+        "workspaces": workspaces,
+        "steps": steps,
     }
-    return {"categories": cats, "memtracker": mt, "workspaces": workspaces, "steps": steps}
 
 
 def main(argv: list[str]) -> int:
