@@ -1,0 +1,137 @@
+"""``vramlab record``'s hooks inside the program (``tensor_marks``), on CPU tensors: what
+they note of parameters, gradients and optimizer state, and that they never change or
+break the program."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from vramlab.recorder_boot.tensor_marks import Marks  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _train(marks: Marks, set_to_none: bool, steps: int = 2) -> tuple[Any, Any]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.BatchNorm1d(8))
+    opt = torch.optim.Adam(model.parameters())
+    for _ in range(steps):
+        model(torch.randn(4, 8)).square().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=set_to_none)
+    marks.see_all()
+    return model, opt
+
+
+@pytest.fixture
+def marks() -> Any:
+    m = Marks(torch, device_type="cpu")
+    m.install()
+    yield m
+    m.uninstall()
+
+
+def test_each_tensor_is_noted_once_with_the_times_it_was_seen(marks: Marks) -> None:
+    model, _ = _train(marks, set_to_none=False)
+    kinds = Counter(e[2] for e in marks.entries)
+    # Four parameters (the Linear's, the BatchNorm's) and three buffers; the same four
+    # .grad tensors, zeroed in place, seen again and again; Adam's two moments and step per
+    # parameter (the step is a CPU tensor, like everything here).
+    assert kinds == {"parameters": 7, "gradients": 4, "optimizer_state": 12}
+    by_addr = {(e[0], e[2]): e for e in marks.entries}
+    for p in model.parameters():
+        entry = by_addr[(p.grad.untyped_storage().data_ptr(), "gradients")]
+        assert entry[1] == p.grad.untyped_storage().nbytes()
+        assert entry[3] < entry[4]  # first seen at its accumulation, last at the end
+    assert marks.errors == 0
+
+
+def test_a_new_gradient_each_step_is_a_new_sighting(marks: Marks) -> None:
+    _train(marks, set_to_none=True, steps=3)
+    assert Counter(e[2] for e in marks.entries)["gradients"] == 4 * 3
+
+
+def test_the_hooks_come_out_again() -> None:
+    original = torch.optim.Optimizer.add_param_group
+    m = Marks(torch, device_type="cpu")
+    m.install()
+    assert torch.optim.Optimizer.add_param_group is not original
+    m.uninstall()
+    assert torch.optim.Optimizer.add_param_group is original
+    _train(m, set_to_none=True)
+    assert [e[2] for e in m.entries] == []  # nothing was hooked after
+
+
+def test_a_failing_hook_never_fails_the_program(marks: Marks, monkeypatch: Any) -> None:
+    def broken(*args: Any) -> None:
+        raise RuntimeError("a bug of ours")
+
+    monkeypatch.setattr(marks, "see", broken)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(4, 8)).sum().backward()
+    opt.step()  # the step's hooks and the grad's hook all failed inside
+    assert marks.errors >= 3
+    assert model.weight.grad is not None
+
+
+def test_the_program_sees_the_same_numbers(marks: Marks) -> None:
+    model, _ = _train(marks, set_to_none=True)
+    marks.uninstall()
+    alone = Marks(torch, device_type="cuda")  # hooks nothing
+    again, _ = _train(alone, set_to_none=True)
+    for a, b in zip(model.parameters(), again.parameters(), strict=True):
+        assert torch.equal(a, b)
+
+
+def test_the_bootstrap_dumps_at_a_sigterm_then_dies_of_it(tmp_path: Path) -> None:
+    """A SIGTERM (a scheduler's limit) skips atexit: the bootstrap dumps first, then the
+    program dies of the signal as it would have."""
+    program = tmp_path / "term.py"
+    dumped = tmp_path / "dumped"
+    program.write_text(
+        textwrap.dedent(
+            f"""
+            import os, signal, sys
+            sys.path.insert(0, {str(ROOT / "client")!r})
+            from vramlab.recorder_boot.sitecustomize import _dump_on_sigterm
+            _dump_on_sigterm(lambda: open({str(dumped)!r}, "w").write("yes"))
+            print("before", flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.pause()
+            """
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMLAB_RECORD")}
+    done = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, env=env)
+    assert done.returncode == -signal.SIGTERM and done.stdout == "before\n"
+    assert dumped.read_text() == "yes"
+
+
+def test_a_program_with_its_own_sigterm_handler_keeps_it(tmp_path: Path) -> None:
+    program = tmp_path / "own.py"
+    program.write_text(
+        textwrap.dedent(
+            f"""
+            import os, signal, sys
+            sys.path.insert(0, {str(ROOT / "client")!r})
+            signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))
+            from vramlab.recorder_boot.sitecustomize import _dump_on_sigterm
+            _dump_on_sigterm(lambda: print("dumped"))
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.pause()
+            """
+        )
+    )
+    done = subprocess.run([sys.executable, str(program)], capture_output=True, text=True)
+    assert done.returncode == 7 and "dumped" not in done.stdout
