@@ -171,10 +171,30 @@ def pct(e: float | None) -> str:
     return "-" if e is None else f"{e:+.2f}%"
 
 
+def markdown(results: list[dict[str, Any]]) -> None:
+    """The table for docs/snapshots.md: a row per loop and category."""
+    print("| loop | category | truth | recorded (error) | inferred (error) |")
+    print("| --- | --- | --- | --- | --- |")
+    for r in results:
+        for row in rows_of(r):
+            cells = [
+                f"{mib(row[way])} MiB ({pct(row[f'{way}_error'])})"
+                f" {verdict(row[f'{way}_error'], GOALS[way])}"
+                if row[way] is not None
+                else "-"
+                for way in ("recorded", "inferred")
+            ]
+            print(
+                f"| {r['fixture']} | {row['category']} | {mib(row['truth'])} MiB | "
+                + " | ".join(cells)
+                + " |"
+            )
+
+
 def report(results: list[dict[str, Any]]) -> None:
     print(
-        f"{'fixture':<19}{'category':<16}{'truth MiB':>11}{'recorded':>11}{'err':>9} "
-        f"{'':<6}{'inferred':>11}{'err':>9} "
+        f"{'fixture':<19}{'category':<16}{'truth MiB':>11}{'recorded':>11}{'err':>10} "
+        f"{'':<6}{'inferred':>11}{'err':>10} "
     )
     summary = []
     for r in results:
@@ -183,7 +203,7 @@ def report(results: list[dict[str, Any]]) -> None:
             cells = []
             for way in ("recorded", "inferred"):
                 e = row[f"{way}_error"]
-                cells.append(f"{mib(row[way]):>11}{pct(e):>9} {verdict(e, GOALS[way]):<6}")
+                cells.append(f"{mib(row[way]):>11}{pct(e):>10} {verdict(e, GOALS[way]):<6}")
                 if e is not None and row["category"] != "peak" and abs(e) >= abs(worst[way][0]):
                     worst[way] = (e, row["category"])
             print(
@@ -263,6 +283,7 @@ def main() -> int:
     parser.add_argument("--save", type=Path, help="write the fixtures and truth.json here")
     parser.add_argument("--only", help="comma-separated fixture names")
     parser.add_argument("--cpu", action="store_true", help="no GPU: the loops and truth only")
+    parser.add_argument("--markdown", action="store_true", help="also the docs' table")
     parser.add_argument("--plain-pass", nargs=2, metavar=("FIXTURE", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_pass:
@@ -287,6 +308,11 @@ def main() -> int:
         for r in results:
             r["rows"] = rows_of(r)
         (args.save / "truth.json").write_text(json.dumps(results, indent=1) + "\n")
+        kept = sum(f.stat().st_size for f in args.save.glob("*.pickle.gz"))
+        print(f"saved in {args.save}: {kept / 2**20:.1f} MiB of snapshots, and truth.json")
+    if args.markdown:
+        markdown(results)
+        print()
     report(results)
     print(f"\n{len(results)} fixtures in {time.monotonic() - started:.0f} s")
     return 0
