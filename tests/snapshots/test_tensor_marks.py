@@ -135,3 +135,16 @@ def test_a_program_with_its_own_sigterm_handler_keeps_it(tmp_path: Path) -> None
     )
     done = subprocess.run([sys.executable, str(program)], capture_output=True, text=True)
     assert done.returncode == 7 and "dumped" not in done.stdout
+
+
+def test_past_its_limit_the_oldest_sightings_go_and_live_tensors_come_back() -> None:
+    m = Marks(torch, device_type="cpu", limit=30)
+    m.install()
+    try:
+        model, _ = _train(m, set_to_none=True, steps=6)
+    finally:
+        m.uninstall()
+    assert m.truncated and len(m.entries) <= 30
+    # The parameters, alive all along, are noted again after the oldest went.
+    kept = {e[0] for e in m.entries if e[2] == "parameters"}
+    assert {p.untyped_storage().data_ptr() for p in model.parameters()} <= kept

@@ -78,7 +78,8 @@ def _marks(torch: Any) -> Any:
             return None
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        marks = module.Marks(torch)
+        entries = int(os.environ.get("VRAMLAB_RECORD_MAX_ENTRIES", "0"))
+        marks = module.Marks(torch, limit=max(10_000, 2 * entries) if entries else 1_000_000)
         marks.install()
         return marks
     except Exception as exc:  # the recording goes on, its categories inferred

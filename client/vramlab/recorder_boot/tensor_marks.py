@@ -57,9 +57,11 @@ class _Objects:
 
 class Marks:
     """The sightings of one program: ``[address, bytes, category, first_us, last_us]``,
-    one per tensor identity (a tensor seen again at the same address extends its own)."""
+    one per tensor identity (a tensor seen again at the same address extends its own), at
+    most ``limit`` of them (the newest: a long run's oldest go, as from PyTorch's ring
+    buffer)."""
 
-    def __init__(self, torch: Any, device_type: str = "cuda", limit: int = 4_000_000) -> None:
+    def __init__(self, torch: Any, device_type: str = "cuda", limit: int = 1_000_000) -> None:
         self.torch = torch
         self.device_type = device_type
         self.limit = limit
@@ -88,8 +90,11 @@ class Marks:
             held[1][4] = at
             return
         if len(self.entries) >= self.limit:
+            # Like PyTorch's ring buffer: the oldest half goes. Tensors still alive are
+            # noted afresh when next seen (every step sees them all).
+            del self.entries[: len(self.entries) // 2]
+            self._current.clear()
             self.truncated = True
-            return
         entry = [addr, size, category, at, at]
         self.entries.append(entry)
         self._current[key] = (weakref.ref(tensor), entry)
