@@ -293,6 +293,7 @@ def main() -> int:
 
     names = args.only.split(",") if args.only else list(loops.FIXTURES)
     started = time.monotonic()
+    failed: list[str] = []
     if args.cpu:
         results = cpu_run(names)
     else:
@@ -302,7 +303,10 @@ def main() -> int:
         with tempfile.TemporaryDirectory(prefix="vramlab-truth-") as tmp:
             for name in names:
                 t = time.monotonic()
-                results.append(run_fixture(name, Path(tmp), args.save))
+                try:
+                    results.append(run_fixture(name, Path(tmp), args.save))
+                except Exception as exc:  # the others' results still count
+                    failed.append(f"{name}: {exc}")
                 print(f"{name}: {time.monotonic() - t:.1f} s", file=sys.stderr)
     if args.save and not args.cpu:
         for r in results:
@@ -314,8 +318,10 @@ def main() -> int:
         markdown(results)
         print()
     report(results)
+    for line in failed:
+        print(f"FAILED {line}")
     print(f"\n{len(results)} fixtures in {time.monotonic() - started:.0f} s")
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
