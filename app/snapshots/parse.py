@@ -117,9 +117,7 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
         "alive_count": len(walk.alive),
         "largest": largest,
         "categories": categories,
-        "categories_recorded": None
-        if marks is None
-        else {"tensors": marks.tensors, "matched_by_time": marks.timed},
+        "categories_recorded": None if marks is None else marks.summary(),
         "segments": seg_summary,
         "timeline": {
             "t_us": [p[0] for p in replay.points],

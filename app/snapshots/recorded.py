@@ -43,10 +43,24 @@ class Sighting(NamedTuple):
 class Recorded:
     """The sightings by address, on the trace's clock (None: match by address alone)."""
 
-    def __init__(self, by_addr: dict[int, list[Sighting]], timed: bool, tensors: int) -> None:
+    def __init__(
+        self, by_addr: dict[int, list[Sighting]], timed: bool, tensors: int, raw: dict[str, Any]
+    ) -> None:
         self.by_addr = by_addr
         self.timed = timed
         self.tensors = tensors
+        # The oldest sightings went (a long run); the hooks' own errors, counted.
+        self.truncated = raw.get("truncated") is True
+        errors = raw.get("errors")
+        self.errors = errors if type(errors) is int else 0
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "tensors": self.tensors,
+            "matched_by_time": self.timed,
+            "truncated": self.truncated,
+            "hook_errors": self.errors,
+        }
 
     def category(self, addr: Any, size: int, born: float | None, died: float | None) -> str | None:
         """The recorded category of the block at ``addr`` of ``size`` bytes alive from
@@ -89,4 +103,4 @@ def read(data: dict[str, Any], t0: float | None) -> Recorded | None:
         by_addr.setdefault(addr, []).append(
             Sighting(size, category, float(first) - shift, float(last) - shift)
         )
-    return Recorded(by_addr, timed, len(tensors))
+    return Recorded(by_addr, timed, len(tensors), raw)

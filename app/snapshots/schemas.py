@@ -111,8 +111,10 @@ class SnapshotOut(BaseModel):
     categories: list[CategoryOut]
     categories_recorded: dict[str, Any] | None = Field(
         default=None,
-        description="what vramlab record noted from inside the program (tensors: sightings "
-        "of parameters, gradients and optimizer state); null for a snapshot without",
+        description="what vramlab record noted from inside the program: tensors (sightings "
+        "of parameters, gradients and optimizer state), matched_by_time (false: by address "
+        "alone), truncated (the oldest sightings went), hook_errors; null for a snapshot "
+        "without",
     )
     segments: SegmentsOut
     ooms: list[OomOut]

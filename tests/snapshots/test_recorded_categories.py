@@ -57,7 +57,12 @@ def test_recorded_categories_are_the_truth_at_the_peak(
     for name in RECORDED:
         assert cats[name]["inference"] is False and cats[name]["rule"].startswith("recorded")
         assert cats[name]["recorded_bytes"] == cats[name]["bytes"]
-    assert out["categories_recorded"] == {"tensors": len(marks.entries), "matched_by_time": True}
+    assert out["categories_recorded"] == {
+        "tensors": len(marks.entries),
+        "matched_by_time": True,
+        "truncated": False,
+        "hook_errors": 0,
+    }
     recorded = [b for b in out["alive_at_peak"] if b["recorded"]]
     assert recorded and all(b["reason"].startswith("recorded: ") for b in recorded)
 
