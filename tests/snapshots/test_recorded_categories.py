@@ -172,3 +172,29 @@ def test_malformed_recorded_categories_are_refused(client: httpx.Client, bad: An
     response = post(client, dumps(snap))
     assert response.status_code == 422, response.text
     assert "vramlab_categories" in response.json()["error"]["message"]
+
+
+def _recorded(layers: int) -> dict[str, Any]:
+    """A synthetic training snapshot whose program recorded its parameters and state."""
+    snap = training_snapshot(iterations=3, layers=layers)
+    entries = snap["device_traces"][0]
+    end = entries[-1]["time_us"]
+    kinds = {"convert": "parameters", "_init_group": "optimizer_state"}
+    rows = [
+        [e["addr"], e["size"], kinds[e["frames"][0]["name"]], e["time_us"] + 1, end]
+        for e in entries
+        if e["action"] == "alloc" and e["frames"][0]["name"] in kinds
+    ]
+    snap["vramlab_categories"] = {"clock": "unix_us", "tensors": rows}
+    return snap
+
+
+def test_compare_says_which_categories_were_recorded(client: httpx.Client) -> None:
+    small = imported(client, dumps(_recorded(2)), name="small")["id"]
+    big = imported(client, dumps(_recorded(4)), name="big")["id"]
+    out = client.get("/v1/compare", params={"ids": f"{small},{big}"}).json()
+    assert out["summary"][0].endswith(", 4.0 MiB of it optimizer state (recorded)")
+    # Against a snapshot that recorded nothing, the same difference is an inference.
+    plain = imported(client, dumps(training_snapshot(iterations=3, layers=2)), name="p")["id"]
+    out = client.get("/v1/compare", params={"ids": f"{plain},{big}"}).json()
+    assert out["summary"][0].endswith(", 4.0 MiB of it optimizer state (inferred)")
