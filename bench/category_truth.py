@@ -4,6 +4,13 @@
     python3 bench/category_truth.py [--save tests/snapshots/data/fixtures] [--only a,b]
     python3 bench/category_truth.py --cpu   # no GPU: the loops and the truth on the CPU
 
+On the GPU host, this and the GPU tests of ``vramlab record`` (about 6 minutes):
+
+    export PYTHONPATH=$PWD:$PWD/client:/tmp/site VRAMLAB_TEST_ENGINES=sqlite
+    python3 bench/category_truth.py --save tests/snapshots/data/fixtures --markdown; \
+    python3 -m pytest -m cuda tests/snapshots/test_record_cuda.py -q -rs; \
+    python3 -m pytest tests/snapshots/test_fixtures.py -q
+
 For each fixture (``set_to_none`` true and false, gradient accumulation, AMP with a
 GradScaler, activation checkpointing reentrant and not, foreach and fused Adam, SGD with
 momentum, a loop that runs out of memory):
@@ -233,6 +240,7 @@ def run_fixture(name: str, work: Path, save: Path | None) -> dict[str, Any]:
         [sys.executable, __file__, "--plain-pass", name, str(work)],
         capture_output=True,
         text=True,
+        timeout=240,
     )
     if done.returncode != 0:
         raise RuntimeError(f"{name}: the plain pass failed\n{done.stderr[-3000:]}")

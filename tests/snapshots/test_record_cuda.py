@@ -27,7 +27,7 @@ def _record(server: LiveServer, *command: str) -> subprocess.CompletedProcess[st
         [sys.executable, "-m", "app.cli", "record", "--api", server.url, "--", *command],
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=180,
         cwd=ROOT,
     )
 
@@ -35,7 +35,7 @@ def _record(server: LiveServer, *command: str) -> subprocess.CompletedProcess[st
 def _alone(*command: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMLAB_RECORD")}
     return subprocess.run(
-        list(command), capture_output=True, text=True, timeout=300, cwd=ROOT, env=env
+        list(command), capture_output=True, text=True, timeout=180, cwd=ROOT, env=env
     )
 
 
