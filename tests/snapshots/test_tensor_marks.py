@@ -148,3 +148,44 @@ def test_past_its_limit_the_oldest_sightings_go_and_live_tensors_come_back() -> 
     # The parameters, alive all along, are noted again after the oldest went.
     kept = {e[0] for e in m.entries if e[2] == "parameters"}
     assert {p.untyped_storage().data_ptr() for p in model.parameters()} <= kept
+
+
+FAKE_CUDA = textwrap.dedent(
+    """
+    import os, sys, types
+    import torch
+    # No GPU here: the few CUDA calls the bootstrap makes, answered as by a GPU whose
+    # trace is empty. What is checked is the bootstrap's own glue.
+    torch.cuda.is_available = lambda: True
+    torch.cuda.memory._record_memory_history = lambda *a, **k: None
+    torch.cuda.memory._snapshot = lambda: {{"segments": [], "device_traces": [[]]}}
+    torch.cuda.device_count = lambda: 1
+    torch.cuda.memory_stats = lambda i=0: {{"allocated_bytes.all.peak": 0}}
+    torch.cuda.get_device_properties = lambda i: types.SimpleNamespace(name="x", total_memory=1)
+    torch._C._cuda_attach_out_of_memory_observer = lambda f: None
+    sys.path.insert(0, {boot!r})
+    import sitecustomize  # what Python imports at start-up under vramlab record
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    """
+)
+
+
+def test_the_bootstrap_dumps_its_marks_as_plain_data(tmp_path: Path) -> None:
+    from app.snapshots import safe_pickle
+
+    program = tmp_path / "boot.py"
+    program.write_text(FAKE_CUDA.format(boot=str(ROOT / "client" / "vramlab" / "recorder_boot")))
+    out = tmp_path / "snap.pickle"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMLAB_RECORD")}
+    env["VRAMLAB_RECORD_OUT"] = str(out)
+    done = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr
+    assert "categories will be inferred" not in done.stderr
+    with out.open("rb") as f:
+        snap = safe_pickle.load(f)  # builtins only, as the import reads it
+    marks = snap["vramlab_categories"]
+    assert marks["clock"] == "unix_us" and marks["errors"] == 0
+    assert marks["tensors"] == []  # CPU tensors: not the device it records
