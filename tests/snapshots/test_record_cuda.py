@@ -114,10 +114,15 @@ def test_record_behaves_as_the_program_and_records_categories(
         assert cats[name]["recorded_bytes"] == cats[name]["bytes"]
     # The parameters, exactly: the program printed its own.
     params = int(alone.stdout.split("params ", 1)[1].split()[0])
+    state = int(alone.stdout.split("state ", 1)[1].split()[0])
     assert cats["parameters"]["bytes"] == params
-    # AdamW's two moments per parameter (and the step, on the CPU unless fused): the
-    # peak is in or after the first step.
-    assert cats["optimizer_state"]["bytes"] >= 2 * params
+    assert cats["gradients"]["bytes"] <= params
+    # AdamW's two moments per parameter (its step counts are CPU tensors): the peak is in
+    # the second step's backward, all of them made. (A GradScaler may skip the first steps
+    # while its scale is too large: then fewer, or none.)
+    assert cats["optimizer_state"]["bytes"] <= state
+    if mode != "scaler":
+        assert cats["optimizer_state"]["bytes"] == state == 2 * params
     assert snap["memory"]["allocated_peak"] == snap["counters"]["allocated_peak"]
     page = client.get(f"/ui/snapshots/{snap['id']}").text
     assert "recorded by the program itself" in page

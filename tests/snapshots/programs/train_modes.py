@@ -1,7 +1,8 @@
 """A training program for the GPU tests of ``vramlab record``: ``python train_modes.py
 MODE``, where MODE is one of ``MODES``. Two TransformerEncoderLayers (as in issue 21),
 AdamW, two steps; it prints its parameters' bytes as the caching allocator counts them
-(``params <n>``), then ``trained``, then ends as MODE says.
+(``params <n>``), its optimizer's state once trained (``state <n>``: none if a
+GradScaler skipped every step), then ``trained``, then ends as MODE says.
 """
 
 import os
@@ -66,6 +67,13 @@ def main(mode: str) -> int:
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
+    state = sum(
+        (v.numel() * v.element_size() + 511) // 512 * 512
+        for st in optimizer.state.values()
+        for v in st.values()
+        if torch.is_tensor(v) and v.is_cuda
+    )
+    print(f"state {state}", flush=True)
     print("trained", flush=True)
     if mode == "oom":
         torch.empty(2**50, dtype=torch.uint8, device="cuda")  # always more than the GPU has
