@@ -189,3 +189,16 @@ def test_the_bootstrap_dumps_its_marks_as_plain_data(tmp_path: Path) -> None:
     marks = snap["vramlab_categories"]
     assert marks["clock"] == "unix_us" and marks["errors"] == 0
     assert marks["tensors"] == []  # CPU tensors: not the device it records
+
+
+def test_a_tensor_without_a_storage_is_skipped_not_the_rest(marks: Marks) -> None:
+    class NoStorage(torch.Tensor):
+        def untyped_storage(self) -> Any:
+            raise RuntimeError("no storage of its own")
+
+    model = torch.nn.Linear(4, 4)
+    model.odd = torch.nn.Parameter(torch.zeros(3).as_subclass(NoStorage))
+    marks.see_all()
+    seen = {e[0] for e in marks.entries}
+    assert model.weight.untyped_storage().data_ptr() in seen
+    assert marks.errors == 1

@@ -78,10 +78,16 @@ class Marks:
     # -- what is seen ---------------------------------------------------------------------
 
     def see(self, tensor: Any, category: str, at: int) -> None:
-        if not isinstance(tensor, self.torch.Tensor) or tensor.device.type != self.device_type:
+        if not isinstance(tensor, self.torch.Tensor):
             return
-        storage = tensor.untyped_storage()
-        addr, size = int(storage.data_ptr()), int(storage.nbytes())
+        try:
+            if tensor.device.type != self.device_type:
+                return
+            storage = tensor.untyped_storage()
+            addr, size = int(storage.data_ptr()), int(storage.nbytes())
+        except Exception:  # a tensor subclass without one storage (DTensor...): skipped
+            self.errors += 1
+            return
         if addr == 0 or size == 0:
             return
         key = (addr, category)
