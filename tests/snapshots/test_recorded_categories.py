@@ -18,15 +18,33 @@ from tests.snapshots.cpu_recording import record  # noqa: E402
 RECORDED = ("parameters", "gradients", "optimizer_state")
 
 
-def _loop(optimizer: str, set_to_none: bool, micro: int) -> tuple[Any, Any]:
+class Checkpointed(torch.nn.Module):
+    """A Linear, then a TransformerEncoderLayer under activation checkpointing."""
+
+    def __init__(self, reentrant: bool) -> None:
+        super().__init__()
+        self.reentrant = reentrant
+        self.inp = torch.nn.Linear(64, 64)
+        self.layer = torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True)
+
+    def forward(self, x: Any) -> Any:
+        h = self.inp(x.view(8, 8, 64))
+        return torch.utils.checkpoint.checkpoint(self.layer, h, use_reentrant=self.reentrant)
+
+
+def _loop(optimizer: str, set_to_none: bool, micro: int, checkpoint: str = "") -> tuple[Any, Any]:
     def build() -> tuple[Any, Any]:
         torch.manual_seed(0)
-        model = torch.nn.Sequential(
-            torch.nn.Linear(256, 256),
-            torch.nn.ReLU(),
-            torch.nn.Linear(256, 256),
-            torch.nn.BatchNorm1d(256),
-        )
+        model: Any
+        if checkpoint:
+            model = Checkpointed(checkpoint == "reentrant")
+        else:
+            model = torch.nn.Sequential(
+                torch.nn.Linear(256, 256),
+                torch.nn.ReLU(),
+                torch.nn.Linear(256, 256),
+                torch.nn.BatchNorm1d(256),
+            )
         params = model.parameters()
         if optimizer == "sgd":
             return model, torch.optim.SGD(params, lr=0.01, momentum=0.9)
@@ -35,7 +53,8 @@ def _loop(optimizer: str, set_to_none: bool, micro: int) -> tuple[Any, Any]:
     def train(model: Any, opt: Any) -> None:
         for _ in range(3):
             for _ in range(micro):
-                model(torch.randn(64, 256)).square().mean().backward()
+                x = torch.randn(64, 64 if checkpoint else 256)
+                model(x).square().mean().backward()
             opt.step()
             opt.zero_grad(set_to_none=set_to_none)
 
@@ -43,13 +62,20 @@ def _loop(optimizer: str, set_to_none: bool, micro: int) -> tuple[Any, Any]:
 
 
 @pytest.mark.parametrize(
-    ("optimizer", "set_to_none", "micro"),
-    [("adamw", True, 1), ("adamw", False, 1), ("adamw", True, 3), ("sgd", True, 1)],
+    ("optimizer", "set_to_none", "micro", "checkpoint"),
+    [
+        ("adamw", True, 1, ""),
+        ("adamw", False, 1, ""),
+        ("adamw", True, 3, ""),
+        ("sgd", True, 1, ""),
+        ("adamw", True, 1, "reentrant"),
+        ("adamw", True, 1, "non_reentrant"),
+    ],
 )
 def test_recorded_categories_are_the_truth_at_the_peak(
-    client: httpx.Client, optimizer: str, set_to_none: bool, micro: int
+    client: httpx.Client, optimizer: str, set_to_none: bool, micro: int, checkpoint: str
 ) -> None:
-    snap, truth, marks = record(*_loop(optimizer, set_to_none, micro))
+    snap, truth, marks = record(*_loop(optimizer, set_to_none, micro, checkpoint))
     assert marks.errors == 0 and truth["parameters"] > 0
     out = imported(client, pickle.dumps(snap), name="cpu loop")
     cats = {c["category"]: c for c in out["categories"]}
