@@ -30,8 +30,9 @@ class CompareOut(BaseModel):
     environment_same: dict[str, Any]
     categories: dict[str, list[int | None]] = Field(
         default_factory=dict,
-        description="bytes alive at the peak by inferred category (snapshots; null for an "
-        "experiment, whose trace is not categorised)",
+        description="bytes alive at the peak by category (snapshots: inferred, or recorded by "
+        "the program under vramlab record; null for an experiment, whose trace is not "
+        "categorised)",
     )
     summary: list[str] = Field(
         default_factory=list,

@@ -52,7 +52,7 @@ def environment(exp: Experiment) -> dict[str, Any]:
 
 
 def category_bytes(exp: Experiment) -> dict[str, int] | None:
-    """A snapshot's bytes alive at the peak by inferred category; None for an experiment."""
+    """A snapshot's bytes alive at the peak by category; None for an experiment."""
     measured = exp.measured
     if not isinstance(measured, SnapshotResult):
         return None
@@ -60,6 +60,18 @@ def category_bytes(exp: Experiment) -> dict[str, int] | None:
     if not rows:
         return None
     return {r["category"]: int(r["bytes"]) for r in rows}
+
+
+def recorded(exps: list[Experiment]) -> set[str]:
+    """The categories every one of ``exps`` recorded from inside its program (vramlab
+    record's parameters, gradients and optimizer state), not inferred."""
+    found: set[str] | None = None
+    for exp in exps:
+        measured = exp.measured
+        rows = measured.snapshot.get("categories") if isinstance(measured, SnapshotResult) else None
+        names = {r["category"] for r in rows or () if r.get("inference") is False}
+        found = names if found is None else found & names
+    return found or set()
 
 
 def categories(exps: list[Experiment]) -> dict[str, list[int | None]]:
@@ -70,8 +82,13 @@ def categories(exps: list[Experiment]) -> dict[str, list[int | None]]:
     return {k: [f.get(k, 0) if f is not None else None for f in found] for k in names}
 
 
-def sentences(items: list[CompareItem], by_category: dict[str, list[int | None]]) -> list[str]:
-    """ "B peaks 2.1 GiB higher than A, 1.8 GiB of it optimizer state (inferred)"."""
+def sentences(
+    items: list[CompareItem],
+    by_category: dict[str, list[int | None]],
+    exact: set[str] | frozenset[str] = frozenset(),
+) -> list[str]:
+    """ "B peaks 2.1 GiB higher than A, 1.8 GiB of it optimizer state (inferred)";
+    "(recorded)" for a category in ``exact`` (recorded by every program compared)."""
     out = []
     base = items[0]
     for n, item in enumerate(items[1:], start=1):
@@ -93,7 +110,8 @@ def sentences(items: list[CompareItem], by_category: dict[str, list[int | None]]
         same_way = [(d, k) for d, k in moves if d * diff > 0]
         if same_way:
             d, k = max(same_way, key=lambda m: abs(m[0]))
-            text += f", {human_bytes(abs(d))} of it {k.replace('_', ' ')} (inferred)"
+            how = "recorded" if k in exact else "inferred"
+            text += f", {human_bytes(abs(d))} of it {k.replace('_', ' ')} ({how})"
         out.append(text)
     return out
 
@@ -128,7 +146,7 @@ def compare(exps: list[Experiment]) -> CompareOut:
         items=items,
         differences=differences,
         categories=by_category,
-        summary=sentences(items, by_category),
+        summary=sentences(items, by_category, recorded(exps)),
         environment={k: v for k, v in differ.items() if any(x != v[0] for x in v)},
         environment_same={k: v[0] for k, v in differ.items() if all(x == v[0] for x in v)},
     )

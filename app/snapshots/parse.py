@@ -25,7 +25,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from app.snapshots import safe_pickle
+from app.snapshots import recorded, safe_pickle
 from app.snapshots.chunks import ChunkWriter
 from app.snapshots.load import Invalid, check_entry, load, pick_device, pre_trace, validate_top
 from app.snapshots.replay import Replay
@@ -53,13 +53,14 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
     times = [e.get("time_us") for e in (trace[0], trace[-1])] if trace else []
     timed = bool(trace) and all(type(t) in (int, float) for t in times)
     t0 = float(times[0]) if timed else 0.0
+    marks = recorded.read(data, t0 if timed else None)
     replay = Replay(baseline, reserved0)
     replay.run(trace, pre_blocks, t0 if timed else None)
     walk = Walk(device, ChunkWriter(out, per_chunk))
     walk.pre_trace(pre_segs, pre_blocks)
     peak_at = replay.peak_index
     walk.run(trace, t0 if timed else None, peak_at)
-    categories, top_alive = categorise(walk)
+    categories, top_alive = categorise(walk, marks)
     offset = walk.offset
     largest = []
     for size, neg in sorted(replay.largest, reverse=True):
@@ -116,6 +117,7 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
         "alive_count": len(walk.alive),
         "largest": largest,
         "categories": categories,
+        "categories_recorded": None if marks is None else marks.summary(),
         "segments": seg_summary,
         "timeline": {
             "t_us": [p[0] for p in replay.points],

@@ -9,8 +9,13 @@ from app.figures.schemas import BlockOut, PeakMoment
 
 
 class SnapshotBlock(BlockOut):
-    category: str = Field(default="", description="the inferred category (see categories)")
+    category: str = Field(default="", description="the block's category (see categories)")
     reason: str = Field(default="", description="the evidence that put the block there")
+    recorded: bool = Field(
+        default=False,
+        description="true when the program recorded it (vramlab record: a parameter, "
+        "gradient or optimizer state by tensor identity), not inferred",
+    )
 
 
 class CategoryReason(BaseModel):
@@ -28,7 +33,12 @@ class CategoryOut(BaseModel):
     blocks: int
     rule: str = Field(description="the rule that put blocks here")
     inference: bool = Field(
-        default=True, description="always true: inferred from stacks and lifetimes"
+        default=True,
+        description="true: inferred from stacks and lifetimes; false: recorded by the program "
+        "itself (vramlab record's parameters, gradients and optimizer state)",
+    )
+    recorded_bytes: int = Field(
+        default=0, description="of bytes, those whose category the program recorded"
     )
     reasons: list[CategoryReason] = Field(
         default_factory=list,
@@ -99,6 +109,13 @@ class SnapshotOut(BaseModel):
     alive_at_peak: list[SnapshotBlock]
     largest: list[SnapshotBlock]
     categories: list[CategoryOut]
+    categories_recorded: dict[str, Any] | None = Field(
+        default=None,
+        description="what vramlab record noted from inside the program: tensors (sightings "
+        "of parameters, gradients and optimizer state), matched_by_time (false: by address "
+        "alone), truncated (the oldest sightings went), hook_errors; null for a snapshot "
+        "without",
+    )
     segments: SegmentsOut
     ooms: list[OomOut]
     oom_count: int

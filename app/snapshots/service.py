@@ -294,8 +294,8 @@ BAND_LIMIT = 500_000
 
 def timeline(session: Session, exp: Experiment) -> Chart:
     """The snapshot's memory over time: as bands (each large block from its alloc to its
-    free, named by its inferred category where it was alive at the peak) when its trace
-    has times and at most ``BAND_LIMIT`` entries; else allocated and reserved from the
+    free, named by its category, recorded or inferred, where it was alive at the peak) when
+    its trace has times and at most ``BAND_LIMIT`` entries; else allocated and reserved from the
     points kept at import (about 2,000 whatever the trace's length)."""
     count = traces.count(session, exp.id)
     if 0 < count <= BAND_LIMIT and summary(exp).get("time_recorded"):
@@ -308,14 +308,14 @@ def timeline(session: Session, exp: Experiment) -> Chart:
 
 def _bands(session: Session, exp: Experiment) -> bands.Timeline:
     tl = bands.build(traces.iter_events(session, exp.id), total=traces.count(session, exp.id))
-    inferred = {
+    named = {
         b["seq"]: str(b["category"]).replace("_", " ")
+        + (" (recorded)" if b.get("recorded") else " (inferred)")
         for b in summary(exp).get("alive_at_peak") or []
         if b.get("category")
     }
     for alloc in tl.allocs:
-        found = inferred.get(alloc.seq)
-        alloc.name = f"{found} (inferred)" if found else "freed before the peak"
+        alloc.name = named.get(alloc.seq) or "freed before the peak"
         # Where it came from, past the recorder's and the allocator's own frames.
         alloc.frames = tuple(telling_frames(alloc.frames, 4))
     return tl

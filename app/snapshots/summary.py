@@ -7,6 +7,7 @@ from typing import Any
 
 from app.snapshots import categories as cat
 from app.snapshots.load import frames_json
+from app.snapshots.recorded import REASONS, RECORDED, RULES, Recorded
 from app.snapshots.walk import Walk
 from vramlab.contract import Figure
 
@@ -15,7 +16,14 @@ MAX_REASONS = 10
 
 
 def block_out(
-    seq: int, addr: Any, size: int, t_us: float, frames: Any, category: str, reason: str = ""
+    seq: int,
+    addr: Any,
+    size: int,
+    t_us: float,
+    frames: Any,
+    category: str,
+    reason: str = "",
+    recorded: bool = False,
 ) -> dict[str, Any]:
     return {
         "addr": addr,
@@ -26,47 +34,70 @@ def block_out(
         "frames": [json.loads(f) for f in frames_json(frames)],
         "category": category,
         "reason": reason,
+        "recorded": recorded,
     }
 
 
-def categorise(walk: Walk) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def categorise(
+    walk: Walk, recorded: Recorded | None = None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The categories of the blocks alive at the peak (``walk``: a finished
-    ``app.snapshots.walk.Walk``), with the evidence, and the largest of those blocks."""
+    ``app.snapshots.walk.Walk``), with the evidence, and the largest of those blocks.
+    ``recorded``: what the program recorded of its parameters, gradients and optimizer
+    state; where present, those three categories are exactly what it recorded."""
     by_category: dict[str, list[int]] = {c: [0, 0] for c in cat.CATEGORIES}
     by_reason: dict[tuple[str, str], list[int]] = {}
-    blocks_out: list[tuple[int, int, Any, float, Any, str, str]] = []
+    seen: dict[str, list[int]] = {c: [0, 0] for c in cat.CATEGORIES}  # recorded bytes, blocks
+    blocks_out: list[tuple[int, int, Any, float, Any, str, str, bool]] = []
     at_end = walk.end()
     for baddr, (size, bseq, where, frames, bt, _) in walk.alive.items():
         fate = walk.fates.get(bseq, at_end)
         pre = bseq < walk.offset
-        name, reason = cat.decide(
-            where,
-            bseq,
-            size,
-            pre,
-            fate,
-            bseq in walk.after_workspace,
-            bseq in walk.after_output,
-        )
+        found = None
+        if recorded is not None:
+            found = recorded.category(baddr, size, None if pre else bt, walk.freed_t.get(bseq))
+        if found is not None:
+            name, reason = found, REASONS[found]
+            seen[name][0] += size
+            seen[name][1] += 1
+        else:
+            name, reason = cat.decide(
+                where,
+                bseq,
+                size,
+                pre,
+                fate,
+                bseq in walk.after_workspace,
+                bseq in walk.after_output,
+            )
+            if recorded is not None and name in RECORDED:
+                reason = (
+                    f"{reason}: but no {name.replace('_', ' ')} of the program's lived here "
+                    "(vramlab record looked)"
+                )
+                name = cat.OTH
         by_category[name][0] += size
         by_category[name][1] += 1
         counts = by_reason.setdefault((name, reason), [0, 0])
         counts[0] += size
         counts[1] += 1
-        blocks_out.append((size, bseq, baddr, bt, frames, name, reason))
+        blocks_out.append((size, bseq, baddr, bt, frames, name, reason, found is not None))
     blocks_out.sort(key=lambda b: (-b[0], b[1]))
-    top_alive = [block_out(q, a, s, t, f, c, r) for s, q, a, t, f, c, r in blocks_out[:TOP]]
-    rows = [
-        {
-            "category": c,
-            "bytes": by_category[c][0],
-            "blocks": by_category[c][1],
-            "rule": cat.RULES[c],
-            "inference": True,
-            "reasons": reasons(by_reason, c),
-        }
-        for c in cat.CATEGORIES
-    ]
+    top_alive = [block_out(q, a, s, t, f, c, r, k) for s, q, a, t, f, c, r, k in blocks_out[:TOP]]
+    rows = []
+    for c in cat.CATEGORIES:
+        exact = recorded is not None and c in RECORDED
+        rows.append(
+            {
+                "category": c,
+                "bytes": by_category[c][0],
+                "blocks": by_category[c][1],
+                "rule": RULES[c] if exact else cat.RULES[c],
+                "inference": not exact,
+                "recorded_bytes": seen[c][0],
+                "reasons": reasons(by_reason, c),
+            }
+        )
     return rows, top_alive
 
 

@@ -88,6 +88,7 @@ class Walk:
         self.live: dict[Any, Live] = {}
         self.alive: dict[Any, Live] = {}  # at the peak
         self.fates: dict[int, cat.Fate] = {}  # seq of a block alive at the peak -> its end
+        self.freed_t: dict[int, float] = {}  # and the time of that end
         self.timeline = Timeline()
         self.after_workspace: set[int] = set()  # allocations right after one, same stack
         self.after_output: set[int] = set()  # workspace-sized, right after the same stack's
@@ -199,6 +200,7 @@ class Walk:
                 zero_grad_addrs.discard(addr)
                 if block is not None and block[1] in alive_seqs(alive, addr, block):
                     fates[block[1]] = cat.Fate(seq, zero, timeline.now())
+                    self.freed_t[block[1]] = t_us
             if i == peak_at:
                 alive = dict(live)
             prev = action

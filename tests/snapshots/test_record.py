@@ -101,3 +101,53 @@ def test_what_the_bootstrap_adds_is_plain_data() -> None:
         safe_pickle.load(io.BytesIO(pickle.dumps(added)))
     loaded = safe_pickle.load(io.BytesIO(pickle.dumps(plain(added))))
     assert loaded == {"environment": {"torch": str(torch.__version__)}, "stats": [{"a": 1}]}
+
+
+KILLED_PROGRAM = textwrap.dedent(
+    """
+    import os, pickle, signal, sys
+    sys.path.insert(0, {root!r})
+    from tests.snapshots.synthetic import training_snapshot
+    if sys.argv[1] == "dumped":
+        with open(os.environ["VRAMLAB_RECORD_OUT"], "wb") as f:
+            pickle.dump(training_snapshot(iterations=2), f)
+    print("killing myself", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+    """
+)
+
+
+@pytest.mark.parametrize("dumped", [True, False])
+def test_a_program_killed_by_a_signal_gives_a_shells_status(
+    server: LiveServer, client: httpx.Client, tmp_path: Path, dumped: bool
+) -> None:
+    """128 + the signal, as a shell says of the program itself (not Python's -9, which
+    an exit status cannot carry: it read 247)."""
+    program = tmp_path / "killed.py"
+    program.write_text(KILLED_PROGRAM.format(root=str(Path(__file__).resolve().parents[2])))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "record",
+            "--api",
+            server.url,
+            "--",
+            sys.executable,
+            str(program),
+            "dumped" if dumped else "nothing",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 128 + 9, done.stderr
+    assert done.stdout.startswith("killing myself\n")
+    if not dumped:
+        assert "killed by signal 9 before it could dump" in done.stderr
+        return
+    assert "was stopped by signal 9" in done.stderr
+    snap_id = done.stdout.strip().splitlines()[-1].rsplit("/", 1)[1]
+    snap = client.get(f"/v1/snapshots/{snap_id}").json()
+    assert (snap["program_exit"], snap["partial"]) == (-9, True)

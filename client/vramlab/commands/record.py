@@ -5,7 +5,8 @@ history on, upload the snapshot it leaves, print its page.
 Your program runs here, on your machine, as you would run it; the service never runs
 it. The recording is switched on by a ``sitecustomize`` (``vramlab/recorder_boot``) put
 first on the program's PYTHONPATH; it dumps at exit and at the first out-of-memory error.
-The upload is gzipped as it streams. The exit status is the program's.
+The upload is gzipped as it streams. The exit status is the program's (128 + N for one
+killed by signal N, as a shell gives it).
 """
 
 import argparse
@@ -25,6 +26,11 @@ def _say(text: str) -> None:
     print(f"vramlab record: {text}", file=sys.stderr)
 
 
+def status(code: int) -> int:
+    """The exit status a shell gives a program's: 128 + N for one killed by signal N."""
+    return 128 - code if code < 0 else code
+
+
 def run(args: argparse.Namespace) -> int:
     command = list(args.command)
     if command and command[0] == "--":
@@ -35,8 +41,13 @@ def run(args: argparse.Namespace) -> int:
     try:
         with recorder.recorded(command, args.stacks, args.max_entries) as done:
             if done.path is None:
-                _say("the program left no snapshot (no CUDA?)")
-                return done.code or 1
+                said = (
+                    f"was killed by signal {-done.code} before it could dump"
+                    if done.code < 0
+                    else "left no snapshot (no CUDA?)"
+                )
+                _say(f"the program {said}; nothing uploaded")
+                return status(done.code) or 1
             code = done.code
             if code != 0:
                 said = f"was stopped by signal {-code}" if code < 0 else f"exited with code {code}"
@@ -60,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
                 _say(f"upload failed: {exc}")
                 if args.keep:
                     _say(f"the snapshot is kept at {args.keep}")
-                return code or 1
+                return status(code) or 1
     except FileNotFoundError:
         _say(f"no such program: {command[0]}")
         return 127
@@ -69,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
         f"snapshot {snap['id']}: peak {peak / 2**20:.1f} MiB allocated, {snap['entries']} entries"
     )
     print(f"{args.api.rstrip('/')}/ui/snapshots/{snap['id']}")
-    return code
+    return status(code)
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:

@@ -5,12 +5,16 @@ Python imports ``sitecustomize`` at start-up from the PYTHONPATH; ``vramlab reco
 this folder first and says where to write in ``VRAMLAB_RECORD_OUT``. Only the first
 Python process of the program records (its children inherit a marker and skip), and a
 program without CUDA is left alone with a warning. The dump is PyTorch's own snapshot,
-plus ``memory_stats`` (PyTorch's counters, per device) and ``environment``.
+plus ``memory_stats`` (PyTorch's counters, per device), ``environment``, and
+``vramlab_categories``: where the program's parameters, gradients and optimizer state lived,
+seen from inside it (``tensor_marks``), so those categories need no inference.
 """
 
 import os
 import sys
 from typing import Any
+
+KEY = "vramlab_categories"  # tensor_marks.KEY
 
 
 def plain(value: Any) -> Any:
@@ -62,6 +66,27 @@ def _guard_checkpointing(torch: Any, stacks: str, max_entries: int) -> None:
     checkpointing.checkpoint = checkpoint
 
 
+def _marks(torch: Any) -> Any:
+    """``tensor_marks.Marks``, loaded from beside this file (the program's environment
+    need not have vramlab installed), hooked in; None if that fails."""
+    try:
+        import importlib.util
+
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tensor_marks.py")
+        spec = importlib.util.spec_from_file_location("vramlab_tensor_marks", path)
+        if spec is None or spec.loader is None:
+            return None
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        entries = int(os.environ.get("VRAMLAB_RECORD_MAX_ENTRIES", "0"))
+        marks = module.Marks(torch, limit=max(10_000, 2 * entries) if entries else 1_000_000)
+        marks.install()
+        return marks
+    except Exception as exc:  # the recording goes on, its categories inferred
+        sys.stderr.write(f"vramlab record: categories will be inferred ({exc})\n")
+        return None
+
+
 def _start(out: str) -> None:
     try:
         import torch
@@ -81,9 +106,16 @@ def _start(out: str) -> None:
         enabled="all", context="all", stacks=stacks, max_entries=max_entries
     )
     _guard_checkpointing(torch, stacks, max_entries)
+    marks = _marks(torch)
 
     def dump(path: str) -> None:
+        categories = None
+        if marks is not None:
+            marks._safely(marks.see_all)
+            categories = plain(marks.data())
         snapshot = torch.cuda.memory._snapshot()
+        if categories is not None:
+            snapshot[KEY] = categories
         count = torch.cuda.device_count()
         snapshot["memory_stats"] = plain([torch.cuda.memory_stats(i) for i in range(count)])
         props = torch.cuda.get_device_properties(0)
@@ -126,6 +158,24 @@ def _start(out: str) -> None:
             sys.stderr.write(f"vramlab record: could not dump the snapshot: {exc}\n")
 
     atexit.register(at_exit)
+    _dump_on_sigterm(at_exit)
+
+
+def _dump_on_sigterm(at_exit: Any) -> None:
+    """A SIGTERM (a scheduler's time limit, ``kill``) ends a program without its atexit:
+    where the program left SIGTERM to its default, dump first, then die of it as before
+    (the program's own handler, set later, replaces this one)."""
+    import signal
+
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        return
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        at_exit()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_sigterm)
 
 
 _OUT = os.environ.get("VRAMLAB_RECORD_OUT")
