@@ -36,7 +36,9 @@ def categorise(walk: Walk) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     by_reason: dict[tuple[str, str], list[int]] = {}
     blocks_out: list[tuple[int, int, Any, float, Any, str, str]] = []
     at_end = walk.end()
-    for baddr, (size, bseq, where, frames, bt, _) in walk.alive.items():
+    stacks = walk.stacks.frames
+    for baddr, (size, bseq, where, sid, bt, _) in walk.alive.items():
+        frames = stacks[sid]
         fate = walk.fates.get(bseq, at_end)
         pre = bseq < walk.offset
         name, reason = cat.decide(
