@@ -132,15 +132,19 @@ class Sink:
         for e in items:
             index = trace.n
             trace.n += 1
-            if type(e) is dict and not e and outside is not None:
-                raise Unsupported("an entry referred to again after it was handed on")
             if trace.error is not None:
                 continue
             try:
-                check_entry(e)
-            except Exception as exc:  # raised where the whole-file reader raised it
-                trace.error = exc
-                continue
+                code = CODES[e["action"]]
+            except Exception:
+                if type(e) is dict and not e and outside is not None:
+                    raise Unsupported("an entry referred to again after it was handed on") from None
+                try:
+                    check_entry(e)
+                except Exception as exc:  # raised where the whole-file reader raised it
+                    trace.error = exc
+                    continue
+                raise
             frames = e.get("frames")
             if not frames:
                 sid = token = 0
@@ -166,7 +170,6 @@ class Sink:
                 self.weird.add(sid)
                 self._token -= 1
                 token = self._token
-            code = CODES[e["action"]]
             addr = e.get("addr")
             size = e.get("size", 0)
             stream = e.get("stream")

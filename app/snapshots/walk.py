@@ -19,6 +19,7 @@ from app.snapshots.load import (
     frames_json,
     num,
 )
+from vramlab.contract import MEMORY_VIZ_ACTIONS
 
 if TYPE_CHECKING:
     from app.snapshots.entries import Sink, Trace
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
 MAX_OOMS = 50
 # PyTorch names the completion of a free "free_completed"; vramlab's schema says "free".
 RENAME = {"free_completed": "free"}
+NAMES = {a: RENAME.get(a, a) for a in MEMORY_VIZ_ACTIONS}
 
 # A live block: size, seq, site, stack id, t_us, the identity of its frames list.
 Live = tuple[int, int, int, int, float, Any]
@@ -43,6 +45,7 @@ class Stacks:
         self._site: dict[int, int] = {}
         self._zero: dict[int, bool] = {}
         self._hook: dict[int, bool] = {}
+        self._all: dict[int, tuple[int, bool, bool, str]] = {}
 
     def check(self, sid: int) -> int:
         if sid in self.weird:
@@ -77,6 +80,18 @@ class Stacks:
         found = self._zero.get(sid)
         if found is None:
             found = self._zero[sid] = cat.has_zero_grad(self.frames[sid])
+        return found
+
+    def of(self, sid: int) -> tuple[int, bool, bool, str]:
+        """Site, made inside zero_grad, inside backward, JSON (empty for no frames)."""
+        found = self._all.get(sid)
+        if found is None:
+            found = self._all[sid] = (
+                self.site(sid),
+                self.zero_grad(sid),
+                self.in_backward(sid),
+                self.json(sid) if sid else "",
+            )
         return found
 
 
@@ -134,8 +149,10 @@ class Walk:
         prev = ""
         seq = self.seq
         t_us = 0.0
+        of = stacks.of
         for i, (action, addr, size, stream, t, free, sid, token) in enumerate(trace):
-            size = as_int(size, "size")
+            if type(size) is not int:
+                size = as_int(size, "size")
             key: int
             if action in FREE_ACTIONS:
                 held = live.get(addr)
@@ -153,9 +170,10 @@ class Walk:
             else:
                 t_us = float(i)
             line = (
-                f'{{"seq":{seq},"t_us":{t_us!r},"action":"{RENAME.get(action, action)}",'
-                f'"addr":{num(addr)},"size":{size},"device":"{device}",'
-                f'"stream":{num(stream)},"phase":null'
+                f'{{"seq":{seq},"t_us":{t_us!r},"action":"{NAMES[action]}",'
+                f'"addr":{addr if type(addr) is int else num(addr)},"size":{size},'
+                f'"device":"{device}",'
+                f'"stream":{stream if type(stream) is int else num(stream)},"phase":null'
             )
             if action == "oom":
                 line += self._oom(seq, t_us, size, free, sid)
@@ -163,13 +181,12 @@ class Walk:
             # readers take them from the allocation, which keeps the stored trace a third
             # of the size. A free recorded with its own call site (context="all") keeps it.
             if own:
-                line += ',"frames":' + stacks.json(key)
+                line += ',"frames":' + of(key)[3]
             writer.add(line + "}")
             if action == "alloc":
-                where = stacks.site(key)
-                zero = where == cat.OPTIMIZER and stacks.zero_grad(key)
-                timeline.see(seq, where, zero, True, stacks.in_backward(key))
-                stack = stacks.json(key) if key else ""
+                where, zero_grad, in_backward, stack = of(key)
+                zero = where == cat.OPTIMIZER and zero_grad
+                timeline.see(seq, where, zero, True, in_backward)
                 # The same stack as the allocation just before (a new segment between):
                 # the same op, as a workspace follows its matmul's output.
                 same_op = stack == last_alloc[1] and last_alloc[0] == seq - 1 - (
@@ -184,22 +201,19 @@ class Walk:
                 last_alloc = (seq, stack)
                 live[addr] = (block_size(size), seq, timeline.where(where), key, t_us, token)
             elif own and action in FREE_ACTIONS:
-                timeline.see(
-                    seq,
-                    stacks.site(key),
-                    stacks.zero_grad(key),
-                    False,
-                    stacks.in_backward(key),
-                )
+                where, zero_grad, in_backward, _ = of(key)
+                timeline.see(seq, where, zero_grad, False, in_backward)
             if action == "free_requested":
-                if key and stacks.zero_grad(key):
+                if key and of(key)[1]:
                     zero_grad_addrs.add(addr)
             elif action == "free_completed":
                 block = live.pop(addr, None)
-                zero = addr in zero_grad_addrs or (bool(key) and stacks.zero_grad(key))
+                zero = addr in zero_grad_addrs or (bool(key) and of(key)[1])
                 zero_grad_addrs.discard(addr)
-                if block is not None and block[1] in alive_seqs(alive, addr, block):
-                    fates[block[1]] = cat.Fate(seq, zero, timeline.now())
+                if block is not None:
+                    then = alive.get(addr)
+                    if then is not None and then[1] == block[1]:
+                        fates[block[1]] = cat.Fate(seq, zero, timeline.now())
             if i == peak_at:
                 alive = dict(live)
             prev = action
@@ -225,9 +239,3 @@ class Walk:
     def end(self) -> cat.Fate:
         """How a block alive at the trace's end ended: it did not."""
         return cat.Fate(None, False, self.timeline.now())
-
-
-def alive_seqs(alive: dict[Any, Live], addr: Any, block: Live) -> tuple[int, ...]:
-    """The seq of the block alive at the peak at ``addr``, if it is this block."""
-    held = alive.get(addr)
-    return (held[1],) if held is not None and held[1] == block[1] else ()
