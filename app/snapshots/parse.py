@@ -160,10 +160,13 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any]
     try:
         loaded = load(args.src, args.out, args.max_expanded, args.delete_src, args.whole)
-        summary = convert_records(
-            loaded.data, loaded.sink, args.out, args.chunk_events, args.device
-        )
-        loaded.sink.remove()
+        try:
+            summary = convert_records(
+                loaded.data, loaded.sink, args.out, args.chunk_events, args.device
+            )
+        finally:
+            loaded.sink.close()
+            loaded.sink.remove()
         result = {"ok": True, "summary": {**summary, "pickle_bytes": loaded.size}}
     except safe_pickle.Refused as exc:
         result = {"ok": False, "type": "refused", "message": str(exc)}

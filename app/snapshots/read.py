@@ -44,6 +44,10 @@ def load(src: Path, out: Path, max_expanded: int, delete_src: bool, whole: bool 
                 data = reader.read()
         except stream.Unsupported:
             data = None
+        except BaseException:  # refused, or out of memory: no records left behind
+            sink.close()
+            sink.remove()
+            raise
         sink.close()
         if data is not None and reader.traces is not None:
             return Loaded(data, sink, size, True)

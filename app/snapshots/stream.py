@@ -330,6 +330,21 @@ class Reader:
                 if n in at_mark:
                     prelude += b"("
                 prelude += f"P{key}{n}\n".encode()
+            if len(tail) < 16:
+                tail += source.read(WINDOW)
+            put = _PUTS.get(tail[0], 0) if tail else 0
+            if tail[put : put + 1] == b"]":
+                # The list just made stays empty: the next device's list comes next.
+                if put:
+                    window.seek(0)
+                    window.truncate(0)
+                    window.write(bytes(prelude) + tail[:put] + b"N.")
+                    window.seek(0)
+                    unpickler.load()  # memoizes the collector, as the list would have been
+                collectors.append(Collector(self, len(collectors)))
+                objects.append(collectors[-1])
+                tail = tail[put + 1 :]
+                continue
             window.seek(0)
             window.truncate(0)
             window.write(prelude)
@@ -412,3 +427,4 @@ _CONSTANTS: dict[int, Callable[[], Any]] = {
     0x8F: set,  # EMPTY_SET
 }
 _TUPLES = {0x85: 1, 0x86: 2, 0x87: 3}
+_PUTS = {0x94: 1, 0x71: 2, 0x72: 5}  # MEMOIZE, BINPUT, LONG_BINPUT: their lengths

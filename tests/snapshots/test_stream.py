@@ -37,7 +37,7 @@ def _context_alloc() -> dict[str, Any]:
 def _devices() -> dict[str, Any]:
     snap = training_snapshot(iterations=2, layers=2)
     trace = snap["device_traces"][0]
-    return {**snap, "device_traces": [[], copy.deepcopy(trace[:7]), trace]}
+    return {**snap, "device_traces": [[], copy.deepcopy(trace[:7]), [], trace]}
 
 
 def _odd() -> dict[str, Any]:
