@@ -2,7 +2,7 @@
 what it cost: time to the summary, and the API's and the parser child's peak memory.
 
     python bench/snapshot_import.py --size-mib 1024 [--frames 60] [--keep FILE] [--use FILE]
-                                    [--parser-only]
+                                    [--parser | --parser-only]
 
 The snapshot is written by hand, opcode by opcode, as PyTorch's own pickle looks: one
 dict per trace entry, a new frames list per entry whose frame dicts are shared (so the
@@ -11,10 +11,10 @@ trace is a training loop (forward, backward, an Adam-like step, zero_grad), so t
 summary has every category. Then ``vramlab serve`` starts on a temporary SQLite file and
 the file is POSTed (streamed) to /v1/snapshots; /proc gives each process's peak RSS.
 
-Before that, the parser child alone (``python -m app.snapshots.parse``) reads the same file
-twice in the same run: as it does (the trace streamed) and with ``--whole`` (unpickled
-whole, as before the stream reader), each with its wall and CPU seconds and peak RSS
-against the file's size. ``--parser-only`` stops there.
+With ``--parser``, before that, the parser child alone (``python -m app.snapshots.parse``)
+reads the same file twice in the same run: as it does (the trace streamed) and with
+``--whole`` (unpickled whole, as before the stream reader), each with its wall and CPU
+seconds and peak RSS against the file's size. ``--parser-only`` stops there.
 """
 
 import argparse
@@ -311,7 +311,8 @@ def main() -> int:
     parser.add_argument("--port", type=int, default=8791)
     parser.add_argument("--keep", type=Path, help="keep the snapshot file here")
     parser.add_argument("--use", type=Path, help="a snapshot file already written")
-    parser.add_argument("--parser-only", action="store_true", help="skip the API")
+    parser.add_argument("--parser", action="store_true", help="the parser alone, both ways")
+    parser.add_argument("--parser-only", action="store_true", help="that, and not the API")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="vramlab-bench-snap-"))
     snap = args.use or args.keep or tmp / "snapshot.pickle"
@@ -323,15 +324,16 @@ def main() -> int:
             f"{time.monotonic() - t0:.1f} s"
         )
     size = snap.stat().st_size
-    print(f"{'parser alone':<22} {'wall s':>7} {'CPU s':>6} {'peak RSS':>9} {'x file':>7}")
-    for whole in (False, True):
-        run = parser_alone(snap, whole, tmp)
-        name = "whole file (--whole)" if whole else "streamed"
-        print(
-            f"{name:<22} {run['wall']:>7.1f} {run['cpu']:>6.1f} "
-            f"{run['rss'] / MiB:>6.0f}MiB {run['rss'] / size:>7.2f}"
-        )
-    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    if args.parser or args.parser_only:
+        print(f"{'parser alone':<22} {'wall s':>7} {'CPU s':>6} {'peak RSS':>9} {'x file':>7}")
+        for whole in (False, True):
+            run = parser_alone(snap, whole, tmp)
+            name = "whole file (--whole)" if whole else "streamed"
+            print(
+                f"{name:<22} {run['wall']:>7.1f} {run['cpu']:>6.1f} "
+                f"{run['rss'] / MiB:>6.0f}MiB {run['rss'] / size:>7.2f}"
+            )
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     if args.parser_only:
         shutil.rmtree(tmp, ignore_errors=True)
         return 0

@@ -18,6 +18,7 @@ a loaded snapshot (``from_data``), so both readers give the same results.
 import struct
 from collections.abc import Iterator
 from pathlib import Path
+from sys import getrefcount
 from typing import Any
 
 from app.snapshots.load import check_entry
@@ -32,7 +33,10 @@ NO_ADDR, NO_STREAM, NO_TIME, NO_FREE, ODD = 1, 2, 4, 8, 16
 _OOM = CODES["oom"]
 _FLUSH = 1 << 22
 _READ = RECORD.size * 8192
-_NEW_TOKENS = -(1 << 40)  # below every -(memo slot + 1)
+_NEW_TOKENS = -1  # identities of lists no one else holds (ids are positive)
+# References to a frames list held by its entry alone, seen from ``Sink.batch``: the
+# entry, the local name, getrefcount's argument.
+_UNSHARED = 3
 
 # What the passes get for each entry.
 Entry = tuple[str, Any, Any, Any, Any, Any, int, Any]
@@ -94,7 +98,13 @@ class Sink:
         self.stacks: list[Any] = [()]  # 0: no frames
         self.weird: set[int] = set()  # stack ids of frames that are not a list or tuple
         self._ids: dict[tuple[int, ...], int] = {}
+        self._ref: list[list[StackRef]] = []  # per stack, the one item its lists keep
         self._token = _NEW_TOKENS
+
+    def _refs(self, sid: int) -> list[StackRef]:
+        while len(self._ref) <= sid:
+            self._ref.append([StackRef(len(self._ref))])
+        return self._ref[sid]
 
     def intern(self, frames: list[Any] | tuple[Any, ...]) -> int:
         """The id of a stack: the same frames (by identity) in the same order."""
@@ -123,8 +133,9 @@ class Sink:
         """Write ``items`` (entries, in order) as records. ``outside``: lists made before
         the trace (alive, and never changed here), by id; None: every entry stays alive
         (a whole snapshot loaded), so a list's id is its identity. Otherwise the entries
-        are emptied once written: a dict cleared, a frames list shrunk to a ``StackRef``
-        (its stack, its identity), so that the unpickler's memo holds little."""
+        are emptied once written: a dict cleared, a frames list the memo holds shrunk to
+        its stack's ``StackRef`` (the list stays alive, so its id stays its identity), so
+        that the unpickler's memo holds little."""
         trace = self.trace(device)
         pack = RECORD.pack
         buf = trace._buf
@@ -150,15 +161,20 @@ class Sink:
                 sid = token = 0
             elif type(frames) is list:
                 if len(frames) == 1 and type(frames[0]) is StackRef:
-                    sid, token = frames[0].stack, frames[0].token
+                    sid, token = frames[0].stack, id(frames)
                 elif outside is None or id(frames) in outside:
                     sid = intern(frames)
                     token = id(frames)
-                else:
+                elif getrefcount(frames) > _UNSHARED:
+                    # In the unpickler's memo, so alive to the end: its id is its
+                    # identity. Shrunk to its stack's one shared StackRef.
+                    sid = intern(frames)
+                    token = id(frames)
+                    frames[:] = self._refs(sid)
+                else:  # no one can refer to it again: an identity of its own
                     sid = intern(frames)
                     self._token -= 1
                     token = self._token
-                    frames[:] = [StackRef(sid, token)]
             elif type(frames) is tuple and outside is None:
                 sid = intern(frames)
                 token = id(frames)

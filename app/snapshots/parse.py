@@ -10,11 +10,16 @@ global (``safe_pickle``). It writes into OUT:
   chunks ready for the trace table;
 - ``segments.json.gz``: that device's segments as PyTorch wrote them (for the round trip).
 
-Two passes over the entries in memory: the first (``replay``) finds the peak and the
-largest blocks, after ``load`` has found what was alive before the trace began (a ring
-buffer that filled up drops its oldest entries); the second (``walk``) writes the events
-(``chunks``) and follows the blocks alive at the peak to their end, which their
-categories need (``summary``, ``categories``).
+The file is read once (``read``): its trace streamed into compact records on disk
+(``stream``, ``entries``), so the parser holds about the pickle's non-trace part, the
+distinct stacks and what the unpickler's memo keeps of each entry, never the trace as
+Python objects; a file the stream reader does not read exactly as an unpickler would is
+unpickled whole as before (``--whole`` forces that, to compare). Then two passes over the
+records: the first (``replay``) finds the peak and the largest blocks, after ``load`` has
+found what was alive before the trace began (a ring buffer that filled up drops its
+oldest entries); the second (``walk``) writes the events (``chunks``) and follows the
+blocks alive at the peak to their end, which their categories need (``summary``,
+``categories``).
 """
 
 import argparse

@@ -10,7 +10,7 @@ by ``APPENDS`` of up to 1000 entries at a time. The file is read in two parts:
   resolved), a window of the file at a time, with each device's list replaced by a
   ``Collector``: ``APPENDS`` hands it a batch of entries, which it gives to the sink
   (``entries.Sink``) and then empties (a dict cleared, a frames list shrunk to a
-  ``StackRef`` that keeps its stack and identity, for a free recorded with PyTorch's
+  ``StackRef`` that keeps its stack, the list itself its identity: a free recorded with PyTorch's
   ``context="alloc"`` refers back to its block's very list). The unpickler reads exactly
   what each opcode needs from an in-memory window, so where it stopped is known: it is
   stopped after a batch to move the window on, and the stack it had (the top dict, the
@@ -42,13 +42,12 @@ class Unsupported(Exception):
 
 
 class StackRef:
-    """What a frames list handed on holds afterwards: its stack's id and its identity."""
+    """What a frames list handed on holds afterwards: its stack's id."""
 
-    __slots__ = ("stack", "token")
+    __slots__ = ("stack",)
 
-    def __init__(self, stack: int, token: int) -> None:
+    def __init__(self, stack: int) -> None:
         self.stack = stack
-        self.token = token
 
 
 class Sink(Protocol):
