@@ -252,7 +252,7 @@ class Reader:
                     len(stack) == self.traces_at + 1 or (marks and marks[-1] == self.traces_at + 1)
                 ):
                     # The first device's list: from here on, the C unpickler.
-                    return self._rest(stack, marks, count, source, buf[i:])
+                    return self._rest(stack, marks, source, buf[i:])
                 new: list[Any] = []
                 if (
                     self.traces is None
@@ -294,7 +294,7 @@ class Reader:
 
     # Part two: the C unpickler, a window at a time. ---------------------------------
     def _rest(
-        self, stack: list[Any], marks: list[int], count: int, source: Deframer, tail: bytes
+        self, stack: list[Any], marks: list[int], source: Deframer, tail: bytes
     ) -> dict[Any, Any]:
         """The rest of the file (``tail``, then ``source``), from just past the first trace
         list's EMPTY_LIST. ``stack`` and ``marks``: the stack then, without that list."""
@@ -304,8 +304,6 @@ class Reader:
         key = f"vramlab-{os.urandom(8).hex()}-"
         window = io.BytesIO()
         self.window = window
-        if len(self.memo) != count:
-            raise Unsupported("memo slots set twice")
         # The memo as the first part left it (the same slots, the same count): put by
         # opcodes, as the unpickler's memo setter loses a dict's values (CPython 3.11).
         values = list(self.memo.values())
