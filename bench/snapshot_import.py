@@ -1,7 +1,8 @@
 """Import a large synthetic PyTorch memory snapshot into a live vramlab API and report
 what it cost: time to the summary, and the API's and the parser child's peak memory.
 
-    python bench/snapshot_import.py --size-mib 1024 [--frames 60] [--keep FILE]
+    python bench/snapshot_import.py --size-mib 1024 [--frames 60] [--keep FILE] [--use FILE]
+                                    [--parser | --parser-only]
 
 The snapshot is written by hand, opcode by opcode, as PyTorch's own pickle looks: one
 dict per trace entry, a new frames list per entry whose frame dicts are shared (so the
@@ -9,10 +10,16 @@ pickle refers back to them), about ``--frames`` frames a stack as with stacks="a
 trace is a training loop (forward, backward, an Adam-like step, zero_grad), so the
 summary has every category. Then ``vramlab serve`` starts on a temporary SQLite file and
 the file is POSTed (streamed) to /v1/snapshots; /proc gives each process's peak RSS.
+
+With ``--parser``, before that, the parser child alone (``python -m app.snapshots.parse``)
+reads the same file twice in the same run: as it does (the trace streamed) and with
+``--whole`` (unpickled whole, as before the stream reader), each with its wall and CPU
+seconds and peak RSS against the file's size. ``--parser-only`` stops there.
 """
 
 import argparse
 import contextlib
+import json
 import os
 import pickle
 import shutil
@@ -227,6 +234,34 @@ def write_snapshot(path: Path, size_mib: int, frames: int) -> int:
     return entries
 
 
+def parser_alone(snap: Path, whole: bool, tmp: Path) -> dict[str, float]:
+    """The parser child on ``snap``, as the API runs it: wall and CPU seconds, peak RSS."""
+    out = tmp / ("parse-whole" if whole else "parse-stream")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(ROOT), str(ROOT / "client"), os.environ.get("PYTHONPATH")) if p
+        ),
+    }
+    command = [sys.executable, "-m", "app.snapshots.parse", str(snap), str(out)]
+    t0 = time.monotonic()
+    child = subprocess.Popen([*command, *(["--whole"] if whole else [])], env=env, cwd=ROOT)
+    _, status, usage = os.wait4(child.pid, 0)
+    wall = time.monotonic() - t0
+    result = json.loads((out / "result.json").read_text())
+    shutil.rmtree(out, ignore_errors=True)
+    if status != 0 or not result.get("ok"):
+        raise RuntimeError(f"the parser failed: {status} {str(result)[:300]}")
+    return {
+        "wall": wall,
+        "cpu": usage.ru_utime + usage.ru_stime,
+        "rss": usage.ru_maxrss * 1024,
+        "entries": result["summary"]["entries"],
+    }
+
+
 def _rss_kib(pid: int, field: str) -> int:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -275,13 +310,33 @@ def main() -> int:
     parser.add_argument("--frames", type=int, default=60, help="frames a stack")
     parser.add_argument("--port", type=int, default=8791)
     parser.add_argument("--keep", type=Path, help="keep the snapshot file here")
+    parser.add_argument("--use", type=Path, help="a snapshot file already written")
+    parser.add_argument("--parser", action="store_true", help="the parser alone, both ways")
+    parser.add_argument("--parser-only", action="store_true", help="that, and not the API")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="vramlab-bench-snap-"))
-    snap = args.keep or tmp / "snapshot.pickle"
-    t0 = time.monotonic()
-    entries = write_snapshot(snap, args.size_mib, args.frames)
+    snap = args.use or args.keep or tmp / "snapshot.pickle"
+    if args.use is None:
+        t0 = time.monotonic()
+        entries = write_snapshot(snap, args.size_mib, args.frames)
+        print(
+            f"wrote {snap.stat().st_size / MiB:.0f} MiB, {entries} entries, in "
+            f"{time.monotonic() - t0:.1f} s"
+        )
     size = snap.stat().st_size
-    print(f"wrote {size / MiB:.0f} MiB, {entries} entries, in {time.monotonic() - t0:.1f} s")
+    if args.parser or args.parser_only:
+        print(f"{'parser alone':<22} {'wall s':>7} {'CPU s':>6} {'peak RSS':>9} {'x file':>7}")
+        for whole in (False, True):
+            run = parser_alone(snap, whole, tmp)
+            name = "whole file (--whole)" if whole else "streamed"
+            print(
+                f"{name:<22} {run['wall']:>7.1f} {run['cpu']:>6.1f} "
+                f"{run['rss'] / MiB:>6.0f}MiB {run['rss'] / size:>7.2f}"
+            )
+        print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    if args.parser_only:
+        shutil.rmtree(tmp, ignore_errors=True)
+        return 0
     env = {
         **os.environ,
         "VRAMLAB_DATABASE_URL": f"sqlite:///{tmp / 'bench.db'}",

@@ -1,15 +1,16 @@
-"""Reading a PyTorch memory snapshot as data: the file (gunzipped within a bound, unpickled
-with no globals), its shape checked, the device chosen, what was alive before its first
-entry, and the fields of its entries read as the types they must be."""
+"""Reading a PyTorch memory snapshot as data (the file itself: ``read``): its shape
+checked, the device chosen, what was alive before its first entry, and the fields of its
+entries read as the types they must be."""
 
 import json
 import math
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
-from app.snapshots import safe_pickle
 from vramlab.contract import MEMORY_VIZ_ACTIONS
+
+if TYPE_CHECKING:
+    from app.snapshots.entries import Entry, Sink
 
 MAX_FRAMES = 256
 ACTIONS = frozenset(MEMORY_VIZ_ACTIONS)
@@ -72,11 +73,12 @@ def check_entry(e: Any) -> str:
     return str(action)
 
 
-def pick_device(traces: list[Any], segments: list[Any], asked: int | None) -> int:
+def pick_device(lengths: list[int], segments: list[Any], asked: int | None) -> int:
+    """``lengths``: each device's trace entries."""
     if asked is not None:
         return asked
-    if any(traces):
-        return max(range(len(traces)), key=lambda i: len(traces[i]))
+    if any(lengths):
+        return max(range(len(lengths)), key=lambda i: lengths[i])
     counts: dict[int, int] = {}
     for s in segments:
         d = s.get("device", 0) if type(s) is dict else 0
@@ -100,27 +102,27 @@ def validate_top(data: Any) -> tuple[list[Any], list[Any]]:
 
 
 def pre_trace(
-    trace: list[Any], segments: list[dict[str, Any]]
+    trace: Iterable["Entry"], segments: list[dict[str, Any]], sink: "Sink"
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Segments and blocks that existed before the first entry: freed without an alloc in
-    the trace, or alive at the end (in the segments) with none."""
+    the trace, or alive at the end (in the segments) with none. A block's ``stack`` is its
+    frames' stack id in ``sink``; ``token`` the identity of its frames list (None: a list
+    of its own that no entry holds)."""
     known: dict[Any, int] = {}
     seg_known: dict[Any, int] = {}
     blocks: dict[Any, dict[str, Any]] = {}
     segs: dict[Any, dict[str, Any]] = {}
-    for e in trace:
-        action = e["action"]
-        addr = e.get("addr")
+    for action, addr, size, _, _, _, _, _ in trace:
         if action == "alloc":
             known[addr] = 1
         elif action == "free_completed":
             if known.pop(addr, None) is None and addr not in blocks:
-                size = block_size(as_int(e.get("size", 0), "size"))
-                blocks[addr] = {"addr": addr, "size": size, "frames": []}
+                size = block_size(as_int(size, "size"))
+                blocks[addr] = {"addr": addr, "size": size, "stack": 0, "token": None}
         elif action in GROWS:
             seg_known[addr] = 1
         elif action in SHRINKS and seg_known.pop(addr, None) is None and addr not in segs:
-            segs[addr] = {"addr": addr, "size": as_int(e.get("size", 0), "size")}
+            segs[addr] = {"addr": addr, "size": as_int(size, "size")}
     for s in segments:
         addr = s.get("address")
         if addr not in seg_known and addr not in segs and not s.get("is_expandable"):
@@ -131,23 +133,11 @@ def pre_trace(
             baddr = b.get("address")
             if baddr not in known and baddr not in blocks:
                 frames = b.get("frames") or []
+                own = type(frames) is list and bool(frames)
                 blocks[baddr] = {
                     "addr": baddr,
                     "size": as_int(b.get("size", 0), "block size"),
-                    "frames": frames if type(frames) is list else [],
+                    "stack": sink.intern(frames) if own else 0,
+                    "token": id(frames) if own else None,
                 }
     return list(segs.values()), list(blocks.values())
-
-
-def load(src: Path, out: Path, max_expanded: int, delete_src: bool) -> tuple[Any, int]:
-    with src.open("rb") as f:
-        magic = f.read(2)
-    if magic == safe_pickle.GZIP_MAGIC:
-        raw = out / "snapshot.pickle"
-        with src.open("rb") as f, raw.open("wb") as dst:
-            safe_pickle.gunzip_to(f, dst, max_expanded)
-        if delete_src:  # the API's temp file: free its disk space early
-            src.unlink(missing_ok=True)
-        src = raw
-    with src.open("rb") as f:
-        return safe_pickle.load(f), src.stat().st_size

@@ -10,11 +10,16 @@ global (``safe_pickle``). It writes into OUT:
   chunks ready for the trace table;
 - ``segments.json.gz``: that device's segments as PyTorch wrote them (for the round trip).
 
-Two passes over the entries in memory: the first (``replay``) finds the peak and the
-largest blocks, after ``load`` has found what was alive before the trace began (a ring
-buffer that filled up drops its oldest entries); the second (``walk``) writes the events
-(``chunks``) and follows the blocks alive at the peak to their end, which their
-categories need (``summary``, ``categories``).
+The file is read once (``read``): its trace streamed into compact records on disk
+(``stream``, ``entries``), so the parser holds about the pickle's non-trace part, the
+distinct stacks and what the unpickler's memo keeps of each entry, never the trace as
+Python objects; a file the stream reader does not read exactly as an unpickler would is
+unpickled whole as before (``--whole`` forces that, to compare). Then two passes over the
+records: the first (``replay``) finds the peak and the largest blocks, after ``load`` has
+found what was alive before the trace began (a ring buffer that filled up drops its
+oldest entries); the second (``walk``) writes the events (``chunks``) and follows the
+blocks alive at the peak to their end, which their categories need (``summary``,
+``categories``).
 """
 
 import argparse
@@ -27,7 +32,9 @@ from typing import Any
 
 from app.snapshots import recorded, safe_pickle
 from app.snapshots.chunks import ChunkWriter
-from app.snapshots.load import Invalid, check_entry, load, pick_device, pre_trace, validate_top
+from app.snapshots.entries import Sink, from_data
+from app.snapshots.load import Invalid, pick_device, pre_trace, validate_top
+from app.snapshots.read import load
 from app.snapshots.replay import Replay
 from app.snapshots.segments import summarise_segments
 from app.snapshots.summary import block_out, categorise, counters, plain, plain_dict
@@ -38,25 +45,38 @@ from vramlab.contract import SnapshotFigures
 def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> dict[str, Any]:
     """The summary of ``data`` (a loaded snapshot); the trace's chunks and the segments are
     written into ``out``."""
+    traces, _ = validate_top(data)
+    return convert_records(data, from_data(traces, out), out, per_chunk, asked_device)
+
+
+def convert_records(
+    data: Any, sink: Sink, out: Path, per_chunk: int, asked_device: int | None
+) -> dict[str, Any]:
+    """The summary of a snapshot read into ``sink``'s records (``data``: its top dict)."""
     traces, all_segments = validate_top(data)
-    index = pick_device(traces, all_segments, asked_device)
+    for n in range(len(traces)):
+        sink.trace(n)
+    sink.close()
+    lengths = [len(t) for t in sink.traces[: len(traces)]]
+    index = pick_device(lengths, all_segments, asked_device)
     if index < 0 or (traces and index >= len(traces)) or (not traces and index != 0):
         raise Invalid(f"the snapshot has no device {index}")
-    trace: list[Any] = traces[index] if traces else []
+    trace = sink.trace(index)
+    sink.close()
     segments = [s for s in all_segments if s.get("device", index) == index]
     device = f"cuda:{index}"
-    for e in trace:
-        check_entry(e)
-    pre_segs, pre_blocks = pre_trace(trace, segments)
+    if trace.error is not None:
+        raise trace.error
+    pre_segs, pre_blocks = pre_trace(trace, segments, sink)
     baseline = sum(b["size"] for b in pre_blocks)
     reserved0 = sum(s["size"] for s in pre_segs)
-    times = [e.get("time_us") for e in (trace[0], trace[-1])] if trace else []
-    timed = bool(trace) and all(type(t) in (int, float) for t in times)
+    times = [trace.first_time, trace.last_time] if len(trace) else []
+    timed = bool(len(trace)) and all(type(t) in (int, float) for t in times)
     t0 = float(times[0]) if timed else 0.0
     marks = recorded.read(data, t0 if timed else None)
     replay = Replay(baseline, reserved0)
     replay.run(trace, pre_blocks, t0 if timed else None)
-    walk = Walk(device, ChunkWriter(out, per_chunk))
+    walk = Walk(device, ChunkWriter(out, per_chunk), sink)
     walk.pre_trace(pre_segs, pre_blocks)
     peak_at = replay.peak_index
     walk.run(trace, t0 if timed else None, peak_at)
@@ -64,22 +84,22 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
     offset = walk.offset
     largest = []
     for size, neg in sorted(replay.largest, reverse=True):
-        e = trace[-neg]
-        e_t = float(e["time_us"]) - t0 if timed and type(e.get("time_us")) in (int, float) else 0.0
+        addr, e_time, sid = replay.kept[-neg]
+        e_t = float(e_time) - t0 if timed and type(e_time) in (int, float) else 0.0
         largest.append(
             block_out(
                 offset - neg,
-                e.get("addr"),
+                addr,
                 size,
                 e_t if timed else float(-neg),
-                e.get("frames"),
+                sink.stacks[sid],
                 "",
             )
         )
     peak_seq = offset + peak_at if peak_at >= 0 else None
     peak_t = 0.0
     if peak_at >= 0:
-        pt = trace[peak_at].get("time_us")
+        pt = replay.peak_time
         peak_t = float(pt) - t0 if timed and type(pt) in (int, float) else float(peak_at)
     seg_summary = summarise_segments(segments)
     with gzip.open(out / "segments.json.gz", "wt", compresslevel=1) as f:
@@ -98,7 +118,7 @@ def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> d
     settings = data.get("allocator_settings")
     return {
         "device": device,
-        "devices": [{"index": n, "entries": len(t)} for n, t in enumerate(traces)],
+        "devices": [{"index": n, "entries": length} for n, length in enumerate(lengths)],
         "entries": len(trace),
         "events": walk.seq,
         "chunks": walk.writer.chunks,
@@ -140,12 +160,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk-events", type=int, default=50_000)
     parser.add_argument("--device", type=int, default=None)
     parser.add_argument("--delete-src", action="store_true", help="once it is decompressed")
+    parser.add_argument(
+        "--whole", action="store_true", help="unpickle the file whole (no stream reader)"
+    )
     args = parser.parse_args(argv)
     result: dict[str, Any]
     try:
-        data, size = load(args.src, args.out, args.max_expanded, args.delete_src)
-        summary = convert(data, args.out, args.chunk_events, args.device)
-        result = {"ok": True, "summary": {**summary, "pickle_bytes": size}}
+        loaded = load(args.src, args.out, args.max_expanded, args.delete_src, args.whole)
+        try:
+            summary = convert_records(
+                loaded.data, loaded.sink, args.out, args.chunk_events, args.device
+            )
+        finally:
+            loaded.sink.close()
+            loaded.sink.remove()
+        result = {"ok": True, "summary": {**summary, "pickle_bytes": loaded.size}}
     except safe_pickle.Refused as exc:
         result = {"ok": False, "type": "refused", "message": str(exc)}
     except safe_pickle.TooLarge as exc:

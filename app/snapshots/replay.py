@@ -2,9 +2,12 @@
 the largest blocks, and a timeline reduced to about ``TIMELINE_POINTS`` points."""
 
 import heapq
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.snapshots.load import GROWS, SHRINKS, as_int, block_size
+
+if TYPE_CHECKING:
+    from app.snapshots.entries import Trace
 
 TOP = 20
 TIMELINE_POINTS = 2000
@@ -24,9 +27,11 @@ class Replay:
         self.reserved_peak = reserved
         self.live: dict[Any, int] = {}
         self.largest: list[tuple[int, int]] = []  # min-heap of (size, -index)
+        self.kept: dict[int, tuple[Any, Any, int]] = {}  # index -> addr, time_us, stack
+        self.peak_time: Any = None  # the peak entry's time_us
         self.points: list[tuple[float, int, int]] = []  # (t, allocated, reserved)
 
-    def run(self, trace: list[Any], pre_blocks: list[dict[str, Any]], t0: float | None) -> None:
+    def run(self, trace: "Trace", pre_blocks: list[dict[str, Any]], t0: float | None) -> None:
         """Replay; with ``t0`` (the first entry's time_us) times are microseconds from it,
         else entry numbers. Keeps about ``TIMELINE_POINTS`` points for the timeline:
         each bucket's lowest and highest moment, so peaks and dips survive."""
@@ -40,15 +45,14 @@ class Replay:
         hi: tuple[float, int, int] | None = None
         n = 0
         t = 0.0
-        for i, e in enumerate(trace):
-            action = e["action"]
+        for i, (action, addr, size, _, time_us, _, sid, _) in enumerate(trace):
             if action in SILENT:
                 continue
             if t0 is None:
                 t = float(i)
-            elif type(e.get("time_us")) in (int, float):
-                t = e["time_us"] - t0
-            self._apply(i, e, action)
+            elif type(time_us) in (int, float):
+                t = time_us - t0
+            self._apply(i, action, addr, size, time_us, sid)
             point = (t, self.allocated, self.reserved)
             if lo is None or point[1] < lo[1]:
                 lo = point
@@ -62,27 +66,31 @@ class Replay:
         if lo is not None and hi is not None:
             points.extend(sorted({lo, hi}, key=lambda p: p[0]))
 
-    def _apply(self, i: int, e: dict[str, Any], action: str) -> None:
+    def _apply(self, i: int, action: str, addr: Any, size: Any, time_us: Any, sid: int) -> None:
         live = self.live
         if action == "alloc":
-            size = block_size(as_int(e.get("size", 0), "size"))
-            live[e.get("addr")] = size
+            size = block_size(as_int(size, "size"))
+            live[addr] = size
             self.allocated += size
             if self.allocated > self.peak:
                 self.peak = self.allocated
                 self.peak_index = i
                 self.peak_reserved = self.reserved
+                self.peak_time = time_us
             item = (size, -i)
             if len(self.largest) < TOP:
                 heapq.heappush(self.largest, item)
+                self.kept[i] = (addr, time_us, sid)
             elif item > self.largest[0]:
-                heapq.heapreplace(self.largest, item)
+                gone = heapq.heapreplace(self.largest, item)
+                del self.kept[-gone[1]]
+                self.kept[i] = (addr, time_us, sid)
         elif action == "free_completed":
-            freed = live.pop(e.get("addr"), None)
+            freed = live.pop(addr, None)
             if freed is not None:
                 self.allocated -= freed
         elif action in GROWS:
-            self.reserved += as_int(e.get("size", 0), "size")
+            self.reserved += as_int(size, "size")
             self.reserved_peak = max(self.reserved_peak, self.reserved)
         elif action in SHRINKS:
-            self.reserved = max(0, self.reserved - as_int(e.get("size", 0), "size"))
+            self.reserved = max(0, self.reserved - as_int(size, "size"))

@@ -50,7 +50,9 @@ def categorise(
     seen: dict[str, list[int]] = {c: [0, 0] for c in cat.CATEGORIES}  # recorded bytes, blocks
     blocks_out: list[tuple[int, int, Any, float, Any, str, str, bool]] = []
     at_end = walk.end()
-    for baddr, (size, bseq, where, frames, bt, _) in walk.alive.items():
+    stacks = walk.stacks.frames
+    for baddr, (size, bseq, where, sid, bt, _) in walk.alive.items():
+        frames = stacks[sid]
         fate = walk.fates.get(bseq, at_end)
         pre = bseq < walk.offset
         found = None

@@ -4,7 +4,7 @@ where blocks were freed, workspaces), for the blocks alive at the peak, followed
 end."""
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.snapshots import categories as cat
 from app.snapshots.chunks import ChunkWriter
@@ -19,70 +19,89 @@ from app.snapshots.load import (
     frames_json,
     num,
 )
+from vramlab.contract import MEMORY_VIZ_ACTIONS
+
+if TYPE_CHECKING:
+    from app.snapshots.entries import Sink, Trace
 
 MAX_OOMS = 50
 # PyTorch names the completion of a free "free_completed"; vramlab's schema says "free".
 RENAME = {"free_completed": "free"}
+NAMES = {a: RENAME.get(a, a) for a in MEMORY_VIZ_ACTIONS}
 
-# A live block: size, seq, site, frames, t_us, stack key.
-Live = tuple[int, int, int, Any, float, tuple[int, ...]]
+# A live block: size, seq, site, stack id, t_us, the identity of its frames list.
+Live = tuple[int, int, int, int, float, Any]
 
 
 class Stacks:
-    """Frames to JSON and to a site, computed once per distinct stack."""
+    """Frames to JSON and to a site, computed once per distinct stack (``sink``'s ids:
+    0 is no frames)."""
 
-    def __init__(self) -> None:
+    def __init__(self, sink: "Sink") -> None:
+        self.frames = sink.stacks
+        self.weird = sink.weird
         self._frame: dict[int, str] = {}
-        self._json: dict[tuple[int, ...], str] = {}
-        self._site: dict[tuple[int, ...], int] = {}
-        self._zero: dict[tuple[int, ...], bool] = {}
-        self._hook: dict[tuple[int, ...], bool] = {}
+        self._json: dict[int, str] = {}
+        self._site: dict[int, int] = {}
+        self._zero: dict[int, bool] = {}
+        self._hook: dict[int, bool] = {}
+        self._all: dict[int, tuple[int, bool, bool, str]] = {}
 
-    def key(self, frames: Any) -> tuple[int, ...]:
-        if not frames:
-            return ()
-        if type(frames) is not list and type(frames) is not tuple:
+    def check(self, sid: int) -> int:
+        if sid in self.weird:
             raise Invalid("frames is not a list")
-        return tuple(map(id, frames))
+        return sid
 
-    def json(self, key: tuple[int, ...], frames: Any) -> str:
-        text = self._json.get(key)
+    def json(self, sid: int) -> str:
+        text = self._json.get(sid)
         if text is None:
             parts = []
-            for frame in frames[:MAX_FRAMES]:
+            for frame in self.frames[sid][:MAX_FRAMES]:
                 part = self._frame.get(id(frame))
                 if part is None:
                     part = self._frame[id(frame)] = frame_json(frame)
                 parts.append(part)
-            text = self._json[key] = "[" + ",".join(parts) + "]"
+            text = self._json[sid] = "[" + ",".join(parts) + "]"
         return text
 
-    def site(self, key: tuple[int, ...], frames: Any) -> int:
-        where = self._site.get(key)
+    def site(self, sid: int) -> int:
+        where = self._site.get(sid)
         if where is None:
-            where = self._site[key] = cat.site(frames)
+            where = self._site[sid] = cat.site(self.frames[sid])
         return where
 
-    def in_backward(self, key: tuple[int, ...], frames: Any) -> bool:
-        found = self._hook.get(key)
+    def in_backward(self, sid: int) -> bool:
+        found = self._hook.get(sid)
         if found is None:
-            found = self._hook[key] = cat.runs_in_backward(frames)
+            found = self._hook[sid] = cat.runs_in_backward(self.frames[sid])
         return found
 
-    def zero_grad(self, key: tuple[int, ...], frames: Any) -> bool:
-        found = self._zero.get(key)
+    def zero_grad(self, sid: int) -> bool:
+        found = self._zero.get(sid)
         if found is None:
-            found = self._zero[key] = cat.has_zero_grad(frames)
+            found = self._zero[sid] = cat.has_zero_grad(self.frames[sid])
+        return found
+
+    def of(self, sid: int) -> tuple[int, bool, bool, str]:
+        """Site, made inside zero_grad, inside backward, JSON (empty for no frames)."""
+        found = self._all.get(sid)
+        if found is None:
+            found = self._all[sid] = (
+                self.site(sid),
+                self.zero_grad(sid),
+                self.in_backward(sid),
+                self.json(sid) if sid else "",
+            )
         return found
 
 
 class Walk:
     """Writes the events and keeps what categories need."""
 
-    def __init__(self, device: str, writer: ChunkWriter) -> None:
+    def __init__(self, device: str, writer: ChunkWriter, sink: "Sink") -> None:
         self.device = device
         self.writer = writer
-        self.stacks = Stacks()
+        self.stacks = Stacks(sink)
         self.seq = 0
         self.offset = 0  # the first entry's seq, after the blocks from before the trace
         self.live: dict[Any, Live] = {}
@@ -107,22 +126,23 @@ class Walk:
             )
             self.seq += 1
         for b in blocks:
-            key = stacks.key(b["frames"])
+            sid = b["stack"]
             writer.add(
                 f'{{"seq":{self.seq},"t_us":0.0,"action":"alloc","addr":{num(b["addr"])},'
                 f'"size":{b["size"]},"device":"{device}","stream":null,"phase":null,'
-                f'"pre_trace":true,"frames":{stacks.json(key, b["frames"])}}}'
+                f'"pre_trace":true,"frames":{stacks.json(sid)}}}'
             )
-            site = stacks.site(key, b["frames"])
-            self.live[b["addr"]] = (b["size"], self.seq, site, b["frames"], 0.0, key)
+            site = stacks.site(sid)
+            self.live[b["addr"]] = (b["size"], self.seq, site, sid, 0.0, b["token"])
             self.seq += 1
         self.offset = self.seq
 
-    def run(self, trace: list[Any], t0: float | None, peak_at: int) -> None:
+    def run(self, trace: "Trace", t0: float | None, peak_at: int) -> None:
         """Every entry; ``t0``: the first entry's time_us (None: times are entry numbers);
         ``peak_at``: the peak's entry (-1: before the first)."""
         device, stacks, writer, live = self.device, self.stacks, self.writer, self.live
         timeline, fates = self.timeline, self.fates
+        weird = stacks.weird
         alive: dict[Any, Live] = dict(live) if peak_at < 0 else {}
         workspace_at = -2  # the latest workspace-sized allocation's seq
         last_alloc = (-2, "")  # the latest allocation: seq, its stack
@@ -130,46 +150,44 @@ class Walk:
         prev = ""
         seq = self.seq
         t_us = 0.0
-        for i, e in enumerate(trace):
-            action = e["action"]
-            addr = e.get("addr")
-            size = as_int(e.get("size", 0), "size")
-            frames = e.get("frames") or ()
-            key: tuple[int, ...]
+        of = stacks.of
+        for i, (action, addr, size, stream, t, free, sid, token) in enumerate(trace):
+            if type(size) is not int:
+                size = as_int(size, "size")
+            key: int
             if action in FREE_ACTIONS:
                 held = live.get(addr)
-                if held is not None and held[3] is frames:
-                    key = ()  # the very list its allocation had (context="alloc")
+                if held is not None and held[5] == token:
+                    key = 0  # the very list its allocation had (context="alloc")
                     own = False
                 else:
-                    key = stacks.key(frames)
-                    own = bool(key) and (held is None or held[5] != key)
+                    key = stacks.check(sid) if weird else sid
+                    own = bool(key) and (held is None or held[3] != key)
             else:
-                key = stacks.key(frames)
+                key = stacks.check(sid) if weird else sid
                 own = bool(key)
             if t0 is not None:
-                t = e.get("time_us")
                 t_us = float(t) - t0 if type(t) in (int, float) else t_us
             else:
                 t_us = float(i)
             line = (
-                f'{{"seq":{seq},"t_us":{t_us!r},"action":"{RENAME.get(action, action)}",'
-                f'"addr":{num(addr)},"size":{size},"device":"{device}",'
-                f'"stream":{num(e.get("stream"))},"phase":null'
+                f'{{"seq":{seq},"t_us":{t_us!r},"action":"{NAMES[action]}",'
+                f'"addr":{addr if type(addr) is int else num(addr)},"size":{size},'
+                f'"device":"{device}",'
+                f'"stream":{stream if type(stream) is int else num(stream)},"phase":null'
             )
             if action == "oom":
-                line += self._oom(seq, t_us, size, e, frames)
+                line += self._oom(seq, t_us, size, free, sid)
             # A free whose frames are its block's (PyTorch's context="alloc") stores none:
             # readers take them from the allocation, which keeps the stored trace a third
             # of the size. A free recorded with its own call site (context="all") keeps it.
             if own:
-                line += ',"frames":' + stacks.json(key, frames)
+                line += ',"frames":' + of(key)[3]
             writer.add(line + "}")
             if action == "alloc":
-                where = stacks.site(key, frames)
-                zero = where == cat.OPTIMIZER and stacks.zero_grad(key, frames)
-                timeline.see(seq, where, zero, True, stacks.in_backward(key, frames))
-                stack = stacks.json(key, frames) if key else ""
+                where, zero_grad, in_backward, stack = of(key)
+                zero = where == cat.OPTIMIZER and zero_grad
+                timeline.see(seq, where, zero, True, in_backward)
                 # The same stack as the allocation just before (a new segment between):
                 # the same op, as a workspace follows its matmul's output.
                 same_op = stack == last_alloc[1] and last_alloc[0] == seq - 1 - (
@@ -182,25 +200,22 @@ class Walk:
                 elif same_op and workspace_at == last_alloc[0]:
                     self.after_workspace.add(seq)
                 last_alloc = (seq, stack)
-                live[addr] = (block_size(size), seq, timeline.where(where), frames, t_us, key)
+                live[addr] = (block_size(size), seq, timeline.where(where), key, t_us, token)
             elif own and action in FREE_ACTIONS:
-                timeline.see(
-                    seq,
-                    stacks.site(key, frames),
-                    stacks.zero_grad(key, frames),
-                    False,
-                    stacks.in_backward(key, frames),
-                )
+                where, zero_grad, in_backward, _ = of(key)
+                timeline.see(seq, where, zero_grad, False, in_backward)
             if action == "free_requested":
-                if key and stacks.zero_grad(key, frames):
+                if key and of(key)[1]:
                     zero_grad_addrs.add(addr)
             elif action == "free_completed":
                 block = live.pop(addr, None)
-                zero = addr in zero_grad_addrs or (bool(key) and stacks.zero_grad(key, frames))
+                zero = addr in zero_grad_addrs or (bool(key) and of(key)[1])
                 zero_grad_addrs.discard(addr)
-                if block is not None and block[1] in alive_seqs(alive, addr, block):
-                    fates[block[1]] = cat.Fate(seq, zero, timeline.now())
-                    self.freed_t[block[1]] = t_us
+                if block is not None:
+                    then = alive.get(addr)
+                    if then is not None and then[1] == block[1]:
+                        fates[block[1]] = cat.Fate(seq, zero, timeline.now())
+                        self.freed_t[block[1]] = t_us
             if i == peak_at:
                 alive = dict(live)
             prev = action
@@ -208,8 +223,7 @@ class Walk:
         writer.flush()
         self.seq, self.t_us, self.alive = seq, t_us, alive
 
-    def _oom(self, seq: int, t_us: float, size: int, e: dict[str, Any], frames: Any) -> str:
-        free = e.get("device_free")
+    def _oom(self, seq: int, t_us: float, size: int, free: Any, sid: int) -> str:
         free = free if type(free) is int else None
         self.n_ooms += 1
         if len(self.ooms) < MAX_OOMS:
@@ -219,7 +233,7 @@ class Walk:
                     "t_us": t_us,
                     "requested": size,
                     "device_free": free,
-                    "frames": [json.loads(f) for f in frames_json(frames)],
+                    "frames": [json.loads(f) for f in frames_json(self.stacks.frames[sid])],
                 }
             )
         return f',"device_free":{num(free)}'
@@ -227,9 +241,3 @@ class Walk:
     def end(self) -> cat.Fate:
         """How a block alive at the trace's end ended: it did not."""
         return cat.Fate(None, False, self.timeline.now())
-
-
-def alive_seqs(alive: dict[Any, Live], addr: Any, block: Live) -> tuple[int, ...]:
-    """The seq of the block alive at the peak at ``addr``, if it is this block."""
-    held = alive.get(addr)
-    return (held[1],) if held is not None and held[1] == block[1] else ()
