@@ -27,7 +27,10 @@ FAKE_PROGRAM = textwrap.dedent(
 )
 
 
-def _record(server: LiveServer, program: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _record(
+    server: LiveServer, program: Path, *args: str, program_args: tuple[str, ...] = ("3",)
+) -> subprocess.CompletedProcess[str]:
+    """``vramlab record [args] -- python program [program_args]`` against the server."""
     return subprocess.run(
         [
             sys.executable,
@@ -40,7 +43,7 @@ def _record(server: LiveServer, program: Path, *args: str) -> subprocess.Complet
             "--",
             sys.executable,
             str(program),
-            "3",
+            *program_args,
         ],
         capture_output=True,
         text=True,
@@ -125,23 +128,7 @@ def test_a_program_killed_by_a_signal_gives_a_shells_status(
     an exit status cannot carry: it read 247)."""
     program = tmp_path / "killed.py"
     program.write_text(KILLED_PROGRAM.format(root=str(Path(__file__).resolve().parents[2])))
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "app.cli",
-            "record",
-            "--api",
-            server.url,
-            "--",
-            sys.executable,
-            str(program),
-            "dumped" if dumped else "nothing",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _record(server, program, program_args=("dumped" if dumped else "nothing",))
     assert done.returncode == 128 + 9, done.stderr
     assert done.stdout.startswith("killing myself\n")
     if not dumped:
