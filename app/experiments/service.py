@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from app.core import cursors, ids
 from app.core.config import Settings
+from app.core.db import Reader
 from app.core.errors import Conflict, NotFound, TooManyRequests
 from app.core.signals import WorkSignal
 from app.experiments import views
@@ -64,11 +65,13 @@ def submit(
     if submitted_by is not None:
         quota["who"] = submitted_by
     stmt = _insert_within_quota(tuple(row), token=submitted_by is not None)
-    if cast(CursorResult[Any], session.execute(stmt, {**row, **quota})).rowcount != 1:
+    # Core statements on the session's connection: the ORM's execute would only pass them on.
+    conn = session.connection()
+    if cast(CursorResult[Any], conn.execute(stmt, {**row, **quota})).rowcount != 1:
         check_quota(session, submitted_by, settings)  # 429, saying how many are queued
-        session.execute(_INSERT_EXPERIMENT, row)  # the queue moved on meanwhile
+        conn.execute(_INSERT_EXPERIMENT, row)  # the queue moved on meanwhile
     if accepted.spec.tags:
-        session.execute(
+        conn.execute(
             _INSERT_TAG,
             [{"experiment_id": row["id"], "tag": t, "created_at": now} for t in accepted.spec.tags],
         )
@@ -92,7 +95,7 @@ def _insert_within_quota(names: tuple[str, ...], *, token: bool) -> Insert:
 
 
 def with_device(
-    session: Session, spec: ExperimentSpec, settings: Settings, now: datetime
+    session: Reader, spec: ExperimentSpec, settings: Settings, now: datetime
 ) -> ExperimentSpec:
     """The spec with its device: as given, or one that a live worker offers."""
     if spec.device is not None:

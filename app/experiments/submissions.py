@@ -13,11 +13,9 @@ the write slot is held for the quota and the insert alone).
 from collections.abc import Callable
 from datetime import datetime
 
-from sqlalchemy.orm import Session
-
 from app.access import tokens as auth
 from app.core.config import Settings
-from app.core.db import Database
+from app.core.db import Database, Reader
 from app.core.signals import WorkSignal
 from app.experiments import service as experiments
 from app.experiments.schemas import ExperimentOut
@@ -27,7 +25,7 @@ from app.experiments.specs import accept
 
 def submit(
     db: Database,
-    caller: Callable[[Session], auth.Principal],
+    caller: Callable[[Reader], auth.Principal],
     spec: ExperimentSpec,
     settings: Settings,
     signal: WorkSignal,
