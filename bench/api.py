@@ -1,7 +1,7 @@
 """The API's speed beside a bare FastAPI app, measured with wrk in one run.
 
     python bench/api.py [--engines sqlite,postgres] [--seconds 5] [--rows 100000]
-                        [--connections 1,16,64] [--baseline PATH]
+                        [--connections 1,16,64] [--rounds 1] [--baseline PATH]
 
 For each database it starts the real ``vramlab serve`` and bench/bare_app.py (a POST that
 validates a small pydantic body and inserts one row with SQLAlchemy), then measures:
@@ -11,7 +11,8 @@ validates a small pydantic body and inserts one row with SQLAlchemy), then measu
 - a 1,000-point sweep accepted (target: <= 0.5 s, median of 3).
 Beside each submit rate it prints the server's CPU time per request (user + system, read
 from /proc), which moves far less than the rates with the load others put on the machine.
-A figure that misses its target is marked BELOW.
+A figure that misses its target is marked BELOW. ``--rounds N`` measures the submit servers
+N times each, interleaved (so that each meets the same load), and prints the medians.
 ``--baseline PATH`` also starts ``vramlab serve`` from another checkout (the code before a
 change) and measures its submits in the same run, between vramlab's and the bare app's.
 wrk (loopback only) runs each measurement for ``--seconds``. PostgreSQL is the server at
@@ -260,6 +261,7 @@ def run_engine(
     parts: set[str],
     baseline: Path | None,
     connections: tuple[int, ...] = (1, 16, 64),
+    rounds: int = 1,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {}
     print(f"\n== {engine} ==")
@@ -312,8 +314,12 @@ def run_engine(
             for _ in range(2):  # warm each up (first requests pay for imports)
                 for target_url, body, _pid in targets.values():
                     wrk(target_url, c, 1, tmp, body)
-            for name, (target_url, body, pid) in targets.items():
-                out[f"{name}_c{c}"] = wrk(target_url, c, seconds, tmp, body, pid)
+            runs: dict[str, list[dict[str, Any]]] = {name: [] for name in targets}
+            for _ in range(rounds):  # interleaved, so that each meets the same load
+                for name, (target_url, body, pid) in targets.items():
+                    runs[name].append(wrk(target_url, c, seconds, tmp, body, pid))
+            for name, each in runs.items():
+                out[f"{name}_c{c}"] = medians(each)
             report_submit(f"submit/s, {c} connection(s)", out[f"submit_c{c}"], out[f"bare_c{c}"])
             if "baseline" in targets:
                 report_submit(
@@ -343,6 +349,20 @@ def run_engine(
             f"{'<= 0.5':>9}" + ("  BELOW" if out["sweep_s"] > 0.5 else ""),
             flush=True,
         )
+    return out
+
+
+def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One wrk run's figures, or the median of each over several (errors: their sum)."""
+    if len(runs) == 1:
+        return runs[0]
+    out: dict[str, Any] = {"rounds": len(runs)}
+    for key in runs[0]:
+        values = [r[key] for r in runs if r[key] is not None]
+        if key in ("requests", "non2xx", "socket_errors"):
+            out[key] = sum(values)
+        else:
+            out[key] = statistics.median(values) if values else None
     return out
 
 
@@ -379,6 +399,12 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--parts", default="submit,list", help="submit and/or list (+ sweep)")
     parser.add_argument("--connections", default="1,16,64", help="the submit runs' wrk connections")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="submit runs of each server, interleaved; the medians are printed",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument(
         "--baseline",
@@ -401,6 +427,7 @@ def main() -> None:
                 set(args.parts.split(",")),
                 args.baseline,
                 tuple(int(c) for c in args.connections.split(",")),
+                args.rounds,
             )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
