@@ -11,12 +11,17 @@ import hmac
 import re
 from datetime import datetime
 
-from sqlalchemy.orm import Session
+from sqlalchemy import bindparam, select
 
 from app.access.tokens import Principal
+from app.core.db import Reader
 from app.models import ApiToken
 
 _SESSION = re.compile(r"([0-9a-f-]{1,36})\.([0-9]{1,12})\.([0-9a-f]{64})")
+# Columns, not the ORM object: the look-up runs on a session or a Core connection alike.
+_BY_ID = select(
+    ApiToken.id, ApiToken.name, ApiToken.scopes, ApiToken.revoked_at, ApiToken.token_hash
+).where(ApiToken.id == bindparam("token_id"))
 
 
 def _sign(key: bytes, token_id: str, expires: int, token_hash: str) -> str:
@@ -29,7 +34,7 @@ def issue(key: bytes, token: ApiToken, now: datetime, seconds: int) -> str:
     return f"{token.id}.{expires}.{_sign(key, token.id, expires, token.token_hash)}"
 
 
-def principal(session: Session, key: bytes, value: str, now: datetime) -> Principal | None:
+def principal(session: Reader, key: bytes, value: str, now: datetime) -> Principal | None:
     """The signed-in token, or None if the session is forged, expired or revoked."""
     match = _SESSION.fullmatch(value)
     if match is None:
@@ -38,7 +43,7 @@ def principal(session: Session, key: bytes, value: str, now: datetime) -> Princi
     expires = int(expires_text)
     if expires <= now.timestamp():
         return None
-    row = session.get(ApiToken, token_id)
+    row = session.execute(_BY_ID, {"token_id": token_id}).first()
     if row is None or row.revoked_at is not None:
         return None
     if not hmac.compare_digest(signature, _sign(key, token_id, expires, row.token_hash)):

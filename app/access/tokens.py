@@ -16,6 +16,7 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.orm import Session
 
 from app.core.config import Settings
+from app.core.db import Reader
 from app.core.errors import Forbidden, NotFound
 from app.models import ApiToken
 
@@ -89,14 +90,17 @@ def list_all(session: Session) -> list[ApiToken]:
 
 # Built once: on SQLite, building a statement costs more than running it.
 _ANY_TOKEN = select(ApiToken.id).where(ApiToken.revoked_at.is_(None)).limit(1)
-_BY_HASH = select(ApiToken).where(ApiToken.token_hash == bindparam("token_hash"))
+# Columns, not the ORM object: the look-up runs on a session or a Core connection alike.
+_BY_HASH = select(ApiToken.id, ApiToken.name, ApiToken.scopes, ApiToken.revoked_at).where(
+    ApiToken.token_hash == bindparam("token_hash")
+)
 
 
-def tokens_exist(session: Session) -> bool:
+def tokens_exist(session: Reader) -> bool:
     return session.scalar(_ANY_TOKEN) is not None
 
 
-def auth_required(session: Session, settings: Settings) -> bool:
+def auth_required(session: Reader, settings: Settings) -> bool:
     """On when configured so, when listening beyond loopback, or once any token exists."""
     if settings.auth == "on":
         return True
@@ -111,12 +115,12 @@ def _same(token: str, secret: str | None) -> bool:
     return secret is not None and secrets.compare_digest(token.encode(), secret.encode())
 
 
-def authenticate(session: Session, settings: Settings, token: str) -> Principal | None:
+def authenticate(session: Reader, settings: Settings, token: str) -> Principal | None:
     if _same(token, settings.worker_token):
         return STATIC_WORKER
     if _same(token, settings.local_worker_token):
         return LOCAL_WORKER
-    row = session.scalar(_BY_HASH, {"token_hash": hash_token(token)})
+    row = session.execute(_BY_HASH, {"token_hash": hash_token(token)}).first()
     if row is None or row.revoked_at is not None:
         return None
     return Principal(id=row.id, name=row.name, scopes=frozenset(row.scopes))

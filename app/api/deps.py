@@ -24,7 +24,7 @@ from app.access import sessions
 from app.access import tokens as auth
 from app.api import origins
 from app.core.config import Settings
-from app.core.db import Database
+from app.core.db import Database, Reader
 from app.core.errors import Forbidden, Unauthorized
 from app.core.signals import WorkSignal
 from app.experiments import service as experiments
@@ -117,7 +117,7 @@ def check_same_site(request: Request, settings: Settings, *, required: bool) -> 
 
 def _resolve(
     request: Request,
-    s: Session,
+    s: Reader,
     settings: Settings,
     credentials: HTTPAuthorizationCredentials | None,
 ) -> auth.Principal:
@@ -208,7 +208,7 @@ class OneTrip:
     now: datetime
     credentials: HTTPAuthorizationCredentials | None
 
-    def principal(self, s: Session, scope: str) -> auth.Principal:
+    def principal(self, s: Reader, scope: str) -> auth.Principal:
         """The caller, if they have ``scope``; else 401 or 403."""
         return _check(scope, _resolve(self.request, s, self.settings, self.credentials))
 

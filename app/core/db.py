@@ -11,20 +11,27 @@ cannot deadlock; a checkout that waits longer than ``wait_seconds`` is a 503 too
 PostgreSQL needs no lock: its row locks (``FOR UPDATE SKIP LOCKED``) serialise claims.
 """
 
+import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
 IMMEDIATE = "vramlab_immediate"
 # A writer of another process (`vramlab token create`, a second `serve`) holding the
 # lock: how long SQLite itself waits for it, in milliseconds.
 SQLITE_BUSY_TIMEOUT_MS = 5_000
+
+
+# What read-only look-ups run on: a request's session, or a Core connection
+# (``Database.reads_before_writing``); both take Core statements.
+Reader = Session | Connection
 
 
 class Busy(Exception):
@@ -50,7 +57,14 @@ def _prepare_sqlite(engine: Engine) -> None:
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Any) -> None:
         immediate = conn.get_execution_options().get(IMMEDIATE, False)
-        conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+        statement = "BEGIN IMMEDIATE" if immediate else "BEGIN"
+        # Straight to the driver: SQLAlchemy's execution of a statement costs several
+        # times what SQLite takes to begin (a share of every request). Its errors are
+        # wrapped as SQLAlchemy would (a lock not had in time: OperationalError, a 503).
+        try:
+            conn.connection.driver_connection.execute(statement)
+        except sqlite3.Error as exc:
+            raise DBAPIError.instance(statement, None, exc, sqlite3.Error) from exc
 
 
 def make_engine(
@@ -97,10 +111,11 @@ class Database:
         # and commit in another.
         self._writer = threading.Lock()
         self._read = sessionmaker(self.engine, expire_on_commit=False)
+        self._immediate: Engine = self.engine
         if self.is_sqlite:
             # Writes begin with BEGIN IMMEDIATE, after taking this process's write slot.
-            immediate = self.engine.execution_options(**{IMMEDIATE: True})
-            self._write = sessionmaker(immediate, expire_on_commit=False, info={_SLOT: self})
+            self._immediate = self.engine.execution_options(**{IMMEDIATE: True})
+            self._write = sessionmaker(self._immediate, expire_on_commit=False, info={_SLOT: self})
         else:
             self._write = self._read
 
@@ -137,16 +152,34 @@ class Database:
         self.close(s, ok=True)
 
     @contextmanager
-    def reads_before_writing(self, write: Session) -> Iterator[Session]:
-        """A session for what a write request reads before it writes (who is calling,
-        which workers are live). On SQLite, a short read session of its own, closed when
-        the block ends, so that the write slot is not held meanwhile: ``write`` must not
-        have been used yet. Elsewhere ``write`` itself: one connection, one transaction."""
+    def transaction(self, *, write: bool = True) -> Iterator[Connection]:
+        """A Core connection in a transaction that commits when the block ends and rolls
+        back on any error, for a hot path whose statements are all Core (an ORM session
+        costs several times a short statement). ``write`` on SQLite: this process's write
+        slot is taken first, then ``BEGIN IMMEDIATE``, as for a write session."""
+        slot = write and self.is_sqlite
+        if slot:
+            self.take_write_slot()
+        try:
+            with (self._immediate if slot else self.engine).begin() as conn:
+                yield conn
+        finally:
+            if slot:
+                self.give_write_slot()
+
+    @contextmanager
+    def reads_before_writing(self, write: Session) -> Iterator[Reader]:
+        """What a write request reads before it writes (who is calling, which workers are
+        live) runs on this. On SQLite, a short read transaction of its own on a Core
+        connection (an ORM session would cost several times its one or two SELECTs),
+        closed when the block ends, so that the write slot is not held meanwhile:
+        ``write`` must not have been used yet. Elsewhere ``write`` itself: one
+        connection, one transaction."""
         if not self.is_sqlite:
             yield write
             return
-        with self.session(write=False) as s:
-            yield s
+        with self.transaction(write=False) as conn:
+            yield conn
 
     def take_write_slot(self) -> None:
         if not self._writer.acquire(timeout=self.wait_seconds):

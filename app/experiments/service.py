@@ -8,6 +8,7 @@ from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import (
+    Connection,
     CursorResult,
     Insert,
     Select,
@@ -25,6 +26,7 @@ from sqlalchemy.orm import Session
 
 from app.core import cursors, ids
 from app.core.config import Settings
+from app.core.db import Reader
 from app.core.errors import Conflict, NotFound, TooManyRequests
 from app.core.signals import WorkSignal
 from app.experiments import views
@@ -53,26 +55,51 @@ def submit(
     idempotency_key: str | None = None,
     preset: str | None = None,
 ) -> dict[str, Any]:
-    """Queue an accepted spec in the caller's transaction, unless its submitter already
-    has as many queued as allowed (429), and return the row inserted; waiting workers
-    wake once it commits. The spec was planned (``specs.accept``) before the transaction
-    began. One INSERT that checks the quota too, and one for the tags: no ORM object to
-    flush, and nothing to read back (``queued_out`` answers from the row)."""
+    """Queue an accepted spec in the caller's transaction (``insert_queued``) and return
+    the row inserted; waiting workers wake once it commits."""
+    row = insert_queued(
+        session.connection(),
+        accepted,
+        settings,
+        now,
+        submitted_by=submitted_by,
+        idempotency_key=idempotency_key,
+        preset=preset,
+    )
+    signal.after_commit(session, 1)
+    return row
+
+
+def insert_queued(
+    conn: Connection,
+    accepted: AcceptedSpec,
+    settings: Settings,
+    now: datetime,
+    *,
+    submitted_by: str | None = None,
+    idempotency_key: str | None = None,
+    preset: str | None = None,
+) -> dict[str, Any]:
+    """Insert a queued experiment for an accepted spec on ``conn``, in its transaction,
+    unless its submitter already has as many queued as allowed (429); the row inserted.
+    The spec was planned (``specs.accept``) before the transaction began. One INSERT
+    that checks the quota too, and one for the tags: no ORM object to flush, and nothing
+    to read back (``queued_out`` answers from the row). Whoever commits wakes the
+    waiting workers (``WorkSignal``)."""
     row = columns(accepted, now, submitted_by=submitted_by, preset=preset)
     row["idempotency_key"] = idempotency_key
     quota: dict[str, Any] = {"cap": settings.max_queued_per_token}
     if submitted_by is not None:
         quota["who"] = submitted_by
     stmt = _insert_within_quota(tuple(row), token=submitted_by is not None)
-    if cast(CursorResult[Any], session.execute(stmt, {**row, **quota})).rowcount != 1:
-        check_quota(session, submitted_by, settings)  # 429, saying how many are queued
-        session.execute(_INSERT_EXPERIMENT, row)  # the queue moved on meanwhile
+    if cast(CursorResult[Any], conn.execute(stmt, {**row, **quota})).rowcount != 1:
+        check_quota(conn, submitted_by, settings)  # 429, saying how many are queued
+        conn.execute(_INSERT_EXPERIMENT, row)  # the queue moved on meanwhile
     if accepted.spec.tags:
-        session.execute(
+        conn.execute(
             _INSERT_TAG,
             [{"experiment_id": row["id"], "tag": t, "created_at": now} for t in accepted.spec.tags],
         )
-    signal.after_commit(session, 1)
     return row
 
 
@@ -92,7 +119,7 @@ def _insert_within_quota(names: tuple[str, ...], *, token: bool) -> Insert:
 
 
 def with_device(
-    session: Session, spec: ExperimentSpec, settings: Settings, now: datetime
+    session: Reader, spec: ExperimentSpec, settings: Settings, now: datetime
 ) -> ExperimentSpec:
     """The spec with its device: as given, or one that a live worker offers."""
     if spec.device is not None:
@@ -165,7 +192,7 @@ _QUEUED_OF_TOKEN, _QUEUED_OPEN = _queued_of(True), _queued_of(False)
 
 
 def check_quota(
-    session: Session, submitted_by: str | None, settings: Settings, adding: int = 1
+    session: Reader, submitted_by: str | None, settings: Settings, adding: int = 1
 ) -> None:
     """Refuse (429) a submitter that already has as many queued experiments as allowed."""
     cap = settings.max_queued_per_token
@@ -309,7 +336,7 @@ def page(
 
 
 def queue_info(
-    session: Session, needs: workers.Needs, settings: Settings, now: datetime
+    session: Reader, needs: workers.Needs, settings: Settings, now: datetime
 ) -> QueueInfo:
     """Whether a live worker can run an experiment with these needs, and if not, why."""
     live = live_workers.capabilities(session, now, settings.worker_live_seconds)

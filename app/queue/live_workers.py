@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import bindparam, event, select
+from sqlalchemy import Connection, bindparam, event, select
 from sqlalchemy.orm import Session, SessionTransaction
 
+from app.core.db import Reader
 from app.models import Worker
 
 CACHE_SECONDS = 1.0
@@ -49,12 +50,17 @@ class _Read:
 _reads: dict[str, _Read] = {}  # by database URL
 
 
-def capabilities(session: Session, now: datetime, live_seconds: float) -> list[dict[str, Any]]:
-    """The capabilities of each worker live at ``now``."""
-    key = str(session.get_bind().engine.url)
+def capabilities(session: Reader, now: datetime, live_seconds: float) -> list[dict[str, Any]]:
+    """The capabilities of each worker live at ``now``, read on a session or a Core
+    connection (whose read is kept as of the moment it is made: on SQLite it begins
+    then, and on PostgreSQL each statement sees what was committed when it starts)."""
+    engine = session.engine if isinstance(session, Connection) else session.get_bind().engine
+    key = str(engine.url)
     with _lock:
         read = _reads.get(key)
-        begun = session.info.get(_BEGUN_AT, _generation)
+        begun = _generation
+        if isinstance(session, Session):
+            begun = session.info.get(_BEGUN_AT, _generation)
         fresh = (
             read is not None
             and read.generation == _generation

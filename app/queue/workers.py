@@ -13,6 +13,7 @@ from sqlalchemy import ColumnElement, and_, func, literal, or_, select, update
 from sqlalchemy.orm import Session
 
 from app.access.tokens import Principal
+from app.core.db import Reader
 from app.core.errors import NotFound
 from app.models import Experiment, Worker
 from app.queue import live_workers
@@ -139,7 +140,7 @@ def list_all(session: Session) -> list[WorkerView]:
     return out
 
 
-def default_device(session: Session, now: datetime, live_seconds: float) -> str:
+def default_device(session: Reader, now: datetime, live_seconds: float) -> str:
     """The device for a spec that names none: CUDA where a live worker offers it, else
     the CPU (every worker runs CPU experiments, so this never leaves work stranded)."""
     offered = {
