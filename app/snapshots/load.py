@@ -5,12 +5,9 @@ entries read as the types they must be."""
 import json
 import math
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from vramlab.contract import MEMORY_VIZ_ACTIONS
-
-if TYPE_CHECKING:
-    from app.snapshots.entries import Entry, Sink
 
 MAX_FRAMES = 256
 ACTIONS = frozenset(MEMORY_VIZ_ACTIONS)
@@ -101,8 +98,14 @@ def validate_top(data: Any) -> tuple[list[Any], list[Any]]:
     return traces, segments
 
 
+class Interns(Protocol):
+    """What ``pre_trace`` needs of the entries' sink (``entries.Sink``): a stack's id."""
+
+    def intern(self, frames: Any) -> int: ...
+
+
 def pre_trace(
-    trace: Iterable["Entry"], segments: list[dict[str, Any]], sink: "Sink"
+    trace: Iterable[tuple[Any, ...]], segments: list[dict[str, Any]], sink: Interns
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Segments and blocks that existed before the first entry: freed without an alloc in
     the trace, or alive at the end (in the segments) with none. A block's ``stack`` is its
