@@ -34,6 +34,7 @@ from app.snapshots import recorded, safe_pickle
 from app.snapshots.chunks import ChunkWriter
 from app.snapshots.entries import Sink, from_data
 from app.snapshots.load import Invalid, pick_device, pre_trace, validate_top
+from app.snapshots.phases import read as read_phases
 from app.snapshots.read import load
 from app.snapshots.replay import Replay
 from app.snapshots.segments import summarise_segments
@@ -80,7 +81,9 @@ def convert_records(
     walk.pre_trace(pre_segs, pre_blocks)
     peak_at = replay.peak_index
     walk.run(trace, t0 if timed else None, peak_at)
-    categories, top_alive = categorise(walk, marks)
+    phases = read_phases(data)
+    bound = None if phases is None else phases.bind(index, len(walk.alloc_seqs))
+    categories, top_alive = categorise(walk, marks, bound)
     offset = walk.offset
     largest = []
     for size, neg in sorted(replay.largest, reverse=True):
@@ -138,6 +141,7 @@ def convert_records(
         "largest": largest,
         "categories": categories,
         "categories_recorded": None if marks is None else marks.summary(),
+        "phases_recorded": None if phases is None else phases.summary(bound is not None),
         "segments": seg_summary,
         "timeline": {
             "t_us": [p[0] for p in replay.points],

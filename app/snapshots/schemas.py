@@ -116,6 +116,12 @@ class SnapshotOut(BaseModel):
         "alone), truncated (the oldest sightings went), hook_errors; null for a snapshot "
         "without",
     )
+    phases_recorded: dict[str, Any] | None = Field(
+        default=None,
+        description="where vramlab record marked the program's forwards, backwards and "
+        "optimizer steps: marks, used (false: problem says why the counts could not be tied "
+        "to the trace), truncated, hook_errors; null for a snapshot without",
+    )
     segments: SegmentsOut
     ooms: list[OomOut]
     oom_count: int

@@ -3,9 +3,11 @@ of the blocks alive at the peak with their evidence, PyTorch's own counters, and
 JSON of what the recorder saved beside the trace."""
 
 import json
+from bisect import bisect_left
 from typing import Any
 
 from app.snapshots import categories as cat
+from app.snapshots import phases as ph
 from app.snapshots.load import frames_json
 from app.snapshots.recorded import REASONS, RECORDED, RULES, Recorded
 from app.snapshots.walk import Walk
@@ -39,12 +41,14 @@ def block_out(
 
 
 def categorise(
-    walk: Walk, recorded: Recorded | None = None
+    walk: Walk, recorded: Recorded | None = None, phases: ph.Bound | None = None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The categories of the blocks alive at the peak (``walk``: a finished
     ``app.snapshots.walk.Walk``), with the evidence, and the largest of those blocks.
     ``recorded``: what the program recorded of its parameters, gradients and optimizer
-    state; where present, those three categories are exactly what it recorded."""
+    state; where present, those three categories are exactly what it recorded.
+    ``phases``: the program's recorded phases, which decide the rest of the blocks made
+    in the trace (but library workspaces, which keep the evidence that names them)."""
     by_category: dict[str, list[int]] = {c: [0, 0] for c in cat.CATEGORIES}
     by_reason: dict[tuple[str, str], list[int]] = {}
     seen: dict[str, list[int]] = {c: [0, 0] for c in cat.CATEGORIES}  # recorded bytes, blocks
@@ -72,7 +76,22 @@ def categorise(
                 bseq in walk.after_workspace,
                 bseq in walk.after_output,
             )
-            if recorded is not None and name in RECORDED:
+            phase = None
+            # Library workspaces keep their evidence; parameters, gradients and optimizer
+            # state by inference give way only to what the program recorded of them.
+            if (
+                phases is not None
+                and not pre
+                and "workspace" not in reason
+                and (recorded is not None or name not in RECORDED)
+            ):
+                phase = phases.at(bisect_left(walk.alloc_seqs, bseq))
+            if phase is not None:
+                name, reason = phase
+                seen[name][0] += size
+                seen[name][1] += 1
+                found = name
+            elif recorded is not None and name in RECORDED:
                 reason = (
                     f"{reason}: but no {name.replace('_', ' ')} of the program's lived here "
                     "(vramlab record looked)"
@@ -89,12 +108,16 @@ def categorise(
     rows = []
     for c in cat.CATEGORIES:
         exact = recorded is not None and c in RECORDED
+        phased = phases is not None and c in ph.PHASED
+        rule = RULES[c] if exact else ph.RULES[c] if phased else cat.RULES[c]
+        if phased:
+            exact = seen[c][0] == by_category[c][0]  # no block of it was inferred
         rows.append(
             {
                 "category": c,
                 "bytes": by_category[c][0],
                 "blocks": by_category[c][1],
-                "rule": RULES[c] if exact else cat.RULES[c],
+                "rule": rule,
                 "inference": not exact,
                 "recorded_bytes": seen[c][0],
                 "reasons": reasons(by_reason, c),

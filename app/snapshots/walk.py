@@ -4,6 +4,7 @@ where blocks were freed, workspaces), for the blocks alive at the peak, followed
 end."""
 
 import json
+from array import array
 from typing import TYPE_CHECKING, Any
 
 from app.snapshots import categories as cat
@@ -113,6 +114,7 @@ class Walk:
         self.after_output: set[int] = set()  # workspace-sized, right after the same stack's
         self.ooms: list[dict[str, Any]] = []
         self.n_ooms = 0
+        self.alloc_seqs = array("q")  # the seq of each of the trace's allocations, in order
         self.t_us = 0.0
 
     def pre_trace(self, segs: list[dict[str, Any]], blocks: list[dict[str, Any]]) -> None:
@@ -151,6 +153,7 @@ class Walk:
         seq = self.seq
         t_us = 0.0
         of = stacks.of
+        note_alloc = self.alloc_seqs.append
         for i, (action, addr, size, stream, t, free, sid, token) in enumerate(trace):
             if type(size) is not int:
                 size = as_int(size, "size")
@@ -185,6 +188,7 @@ class Walk:
                 line += ',"frames":' + of(key)[3]
             writer.add(line + "}")
             if action == "alloc":
+                note_alloc(seq)
                 where, zero_grad, in_backward, stack = of(key)
                 zero = where == cat.OPTIMIZER and zero_grad
                 timeline.see(seq, where, zero, True, in_backward)

@@ -17,7 +17,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 from torch.utils.weak import WeakIdKeyDictionary
 
+from vramlab.recorder_boot import phase_marks
 from vramlab.recorder_boot.tensor_marks import KEY, Marks, now_us
+
+PHASED = ("activations", "temporaries", "other")
 
 
 def _block(n: int) -> int:
@@ -36,6 +39,37 @@ class Recording(TorchDispatchMode):
         self.peak = -1
         self.parts: list[Any] = []  # the model and the optimizer, once built
         self.at_peak: list[dict[str, Any]] = []
+        self.allocs = 0  # the allocator's counter, as phase_marks reads it
+        # The phase as the program itself says it (``step``, ``forward``: from the model's
+        # call to the backward; ``outside``), and its modules' calls open now (own hooks).
+        self.phase = "outside"
+        self.depth = 0
+
+    def phase_now(self) -> str:
+        """The category a storage made now has, by the program's own account: in a
+        backward, a temporary unless a module is being called (a forward recomputed for
+        checkpointing); in a step, a temporary; in a forward, an activation; else the
+        program's own (other)."""
+        if self.phase == "step":
+            return "temporaries"
+        if self.phase == "backward":
+            return "activations" if self.depth else "temporaries"
+        if self.phase == "forward" or self.depth:
+            return "activations"
+        return "other"
+
+    def watch(self, model: torch.nn.Module) -> None:
+        """Count the model's module calls with hooks of each module's own."""
+
+        def enter(*_: Any) -> None:
+            self.depth += 1
+
+        def leave(*_: Any) -> None:
+            self.depth -= 1
+
+        for module in model.modules():
+            module.register_forward_pre_hook(enter)
+            module.register_forward_hook(leave, always_call=True)  # a recompute stops early
 
     def _add(self, action: str, addr: int, size: int) -> None:
         self.entries.append(
@@ -52,8 +86,9 @@ class Recording(TorchDispatchMode):
         if st in self.info or st.nbytes() == 0:
             return
         addr, size = st.data_ptr(), st.nbytes()
-        self.info[st] = {"size": _block(size), "category": None}
+        self.info[st] = {"size": _block(size), "category": None, "phase": self.phase_now()}
         weakref.finalize(st, self._freed, addr, size)
+        self.allocs += 1
         self._add("alloc", addr, size)
         self.allocated += _block(size)
 
@@ -82,34 +117,48 @@ class Recording(TorchDispatchMode):
 
     def truth(self) -> dict[str, int]:
         """Bytes at the peak of the storages that were (or became, as a gradient does when
-        autograd accumulates it) parameters, gradients or optimizer state."""
+        autograd accumulates it) parameters, gradients or optimizer state, and of the rest
+        by the phase they were made in."""
         self._name()
-        out = dict.fromkeys(("parameters", "gradients", "optimizer_state"), 0)
+        out = dict.fromkeys(("parameters", "gradients", "optimizer_state", *PHASED), 0)
         for info in self.at_peak:
-            if info["category"] is not None:
-                out[info["category"]] += info["size"]
+            out[info["category"] or info["phase"]] += info["size"]
         return out
 
 
 def record(
     build: Callable[[], tuple[torch.nn.Module, torch.optim.Optimizer]],
-    train: Callable[[torch.nn.Module, torch.optim.Optimizer], None],
+    train: Callable[..., None],
+    phases: bool = False,
 ) -> tuple[dict[str, Any], dict[str, int], Marks]:
     """The snapshot of ``train`` (after ``build``, both recorded), with what the hooks
-    noted under ``KEY``, and the truth at the peak."""
+    noted under ``KEY`` (and with ``phases``, ``phase_marks``' marks, counted by the
+    recording's own allocations; ``train`` is then given the recording too, to say its
+    phase), and the truth at the peak."""
     marks = Marks(torch, device_type="cpu")
     marks.install()
     recording = Recording()
+    phase_marks_ = phase_marks.Phases(torch, lambda: recording.allocs) if phases else None
+    if phase_marks_ is not None:
+        phase_marks_.install()
     try:
         with recording:
             recording.parts.extend(build())
-            train(*recording.parts)
+            recording.watch(recording.parts[0])
+            if phase_marks_ is not None:
+                train(*recording.parts, recording)
+            else:
+                train(*recording.parts)
         marks.see_all()
     finally:
         marks.uninstall()
+        if phase_marks_ is not None:
+            phase_marks_.uninstall()
     snapshot = {
         "segments": [],
         "device_traces": [list(recording.entries)],
         KEY: marks.data(),
     }
+    if phase_marks_ is not None:
+        snapshot[phase_marks.KEY] = phase_marks_.data()
     return snapshot, recording.truth(), marks

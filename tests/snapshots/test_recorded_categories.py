@@ -79,7 +79,7 @@ def test_recorded_categories_are_the_truth_at_the_peak(
     assert marks.errors == 0 and truth["parameters"] > 0
     out = imported(client, pickle.dumps(snap), name="cpu loop")
     cats = {c["category"]: c for c in out["categories"]}
-    assert {k: cats[k]["bytes"] for k in RECORDED} == truth
+    assert {k: cats[k]["bytes"] for k in RECORDED} == {k: truth[k] for k in RECORDED}
     for name in RECORDED:
         assert cats[name]["inference"] is False and cats[name]["rule"].startswith("recorded")
         assert cats[name]["recorded_bytes"] == cats[name]["bytes"]
@@ -91,6 +91,92 @@ def test_recorded_categories_are_the_truth_at_the_peak(
     }
     recorded = [b for b in out["alive_at_peak"] if b["recorded"]]
     assert recorded and all(b["reason"].startswith("recorded: ") for b in recorded)
+
+
+def _phased_loop(optimizer: str, set_to_none: bool, micro: int, checkpoint: str) -> Any:
+    build, _ = _loop(optimizer, set_to_none, micro, checkpoint)
+
+    def train(model: Any, opt: Any, rec: Any) -> None:
+        for _ in range(3):
+            for _ in range(micro):
+                rec.phase = "outside"
+                x = torch.randn(64, 64 if checkpoint else 256)
+                rec.phase = "forward"  # from the model's call to the backward: the loss too
+                loss = model(x).square().mean()
+                rec.phase = "backward"
+                loss.backward()
+            rec.phase = "step"
+            opt.step()
+            rec.phase = "outside"
+            opt.zero_grad(set_to_none=set_to_none)
+
+    return build, train
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "set_to_none", "micro", "checkpoint"),
+    [
+        ("adamw", True, 1, ""),
+        ("adamw", False, 1, ""),
+        ("adamw", True, 3, ""),
+        ("sgd", True, 1, ""),
+        ("adamw", True, 1, "reentrant"),
+        ("adamw", True, 1, "non_reentrant"),
+    ],
+)
+def test_recorded_phases_make_every_category_the_truth_at_the_peak(
+    client: httpx.Client, optimizer: str, set_to_none: bool, micro: int, checkpoint: str
+) -> None:
+    """With the program's phases recorded, activations, temporaries and other are what
+    the program itself says it was doing when each block alive at the peak was made (a
+    forward recomputed in a backward for checkpointing: activations), not inference."""
+    snap, truth, marks = record(*_phased_loop(optimizer, set_to_none, micro, checkpoint), True)
+    assert marks.errors == 0 and snap["vramlab_phases"]["errors"] == 0
+    out = imported(client, pickle.dumps(snap), name="cpu loop, phases")
+    cats = {c["category"]: c for c in out["categories"]}
+    assert {c: cats[c]["bytes"] for c in truth} == truth
+    assert cats["unknown"]["bytes"] == 0 and truth["activations"] > 0
+    for name in (*RECORDED, "activations", "temporaries", "other"):
+        assert cats[name]["inference"] is False and cats[name]["rule"].startswith("recorded")
+    assert out["phases_recorded"]["used"] is True and out["phases_recorded"]["problem"] is None
+    assert all(b["recorded"] for b in out["alive_at_peak"])
+
+
+def test_phases_that_cannot_be_tied_to_the_trace_are_not_used(client: httpx.Client) -> None:
+    """Allocation counts that go back (the program reset PyTorch's counters) or do not fit
+    the trace: the categories are inferred as without phases, and the summary says why."""
+    snap, _, _ = record(*_phased_loop("adamw", True, 1, ""), True)
+    plain = imported(client, pickle.dumps({k: v for k, v in snap.items() if k != "vramlab_phases"}))
+    for change, problem in (
+        (lambda p: p["marks"].append(["step_start", 0, 0]), "go back"),
+        (lambda p: p.update(allocations_at_dump=1), "do not fit"),
+        (lambda p: p.update(device=1), "device 1"),
+    ):
+        phases = pickle.loads(pickle.dumps(snap["vramlab_phases"]))
+        change(phases)
+        out = imported(client, pickle.dumps({**snap, "vramlab_phases": phases}))
+        assert problem in out["phases_recorded"]["problem"]
+        assert out["phases_recorded"]["used"] is False
+        assert out["categories"] == plain["categories"]
+
+
+@pytest.mark.parametrize(
+    "phases",
+    [
+        "not a dict",
+        {"marks": "no"},
+        {"marks": [["forward_start", 1]]},
+        {"marks": [["lunch", 1, 0]]},
+        {"marks": [["forward_start", -1, 0]]},
+        {"marks": [["forward_start", True, 0]]},
+    ],
+)
+def test_malformed_phases_are_refused(client: httpx.Client, phases: Any) -> None:
+    snap = training_snapshot(iterations=1, layers=2)
+    snap["vramlab_phases"] = phases
+    response = post(client, dumps(snap))
+    assert response.status_code == 422, response.text
+    assert "vramlab_phases" in response.text
 
 
 def test_the_time_of_a_sighting_tells_blocks_at_one_address_apart(

@@ -163,6 +163,8 @@ FAKE_CUDA = textwrap.dedent(
     torch.cuda.memory_stats = lambda i=0: {{"allocated_bytes.all.peak": 0}}
     torch.cuda.get_device_properties = lambda i: types.SimpleNamespace(name="x", total_memory=1)
     torch._C._cuda_attach_out_of_memory_observer = lambda f: None
+    torch.cuda.current_device = lambda: 0
+    torch._C._cuda_memoryStats = lambda d: {{"allocation": {{"all": {{"allocated": 7}}}}}}
     sys.path.insert(0, {boot!r})
     import sitecustomize  # what Python imports at start-up under vramlab record
     model = torch.nn.Linear(4, 4)
@@ -183,12 +185,50 @@ def test_the_bootstrap_dumps_its_marks_as_plain_data(tmp_path: Path) -> None:
     env["VRAMLAB_RECORD_OUT"] = str(out)
     done = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, env=env)
     assert done.returncode == 0, done.stderr
-    assert "categories will be inferred" not in done.stderr
+    assert "will be inferred" not in done.stderr
     with out.open("rb") as f:
         snap = safe_pickle.load(f)  # builtins only, as the import reads it
     marks = snap["vramlab_categories"]
     assert marks["clock"] == "unix_us" and marks["errors"] == 0
     assert marks["tensors"] == []  # CPU tensors: not the device it records
+    phases = snap["vramlab_phases"]
+    assert [m[0] for m in phases["marks"]] == [
+        "forward_start",
+        "forward_end",
+        "backward_start",
+        "backward_end",
+        "step_start",
+        "step_end",
+    ]
+    assert {m[1] for m in phases["marks"]} == {7} and phases["allocations_at_dump"] == 7
+    assert phases["device"] == 0 and phases["errors"] == 0
+
+
+def test_phase_hooks_never_fail_the_program_and_come_out_again() -> None:
+    """A counter that fails is counted as the hooks' error, never the program's; the
+    program computes the same numbers; uninstalling puts torch's functions back."""
+    from vramlab.recorder_boot.phase_marks import Phases
+
+    original = torch.autograd.backward, torch.autograd.grad
+
+    def broken() -> int:
+        raise RuntimeError("no counter")
+
+    phases = Phases(torch, broken)
+    phases.install()
+    try:
+        assert torch.autograd.backward is not original[0]
+        model, _ = _train(Marks(torch, device_type="cuda"), set_to_none=True)
+        x = torch.ones(8, requires_grad=True)
+        (g,) = torch.autograd.grad((x * 2).sum(), x)
+        assert torch.equal(g, torch.full((8,), 2.0))
+    finally:
+        phases.uninstall()
+    assert phases.errors > 0 and phases.marks == []
+    assert (torch.autograd.backward, torch.autograd.grad) == original
+    again, _ = _train(Marks(torch, device_type="cuda"), set_to_none=True)
+    for a, b in zip(model.parameters(), again.parameters(), strict=True):
+        assert torch.equal(a, b)
 
 
 def test_a_tensor_without_a_storage_is_skipped_not_the_rest(marks: Marks) -> None:

@@ -5,9 +5,11 @@ Python imports ``sitecustomize`` at start-up from the PYTHONPATH; ``vramlab reco
 this folder first and says where to write in ``VRAMLAB_RECORD_OUT``. Only the first
 Python process of the program records (its children inherit a marker and skip), and a
 program without CUDA is left alone with a warning. The dump is PyTorch's own snapshot,
-plus ``memory_stats`` (PyTorch's counters, per device), ``environment``, and
-``vramlab_categories``: where the program's parameters, gradients and optimizer state lived,
-seen from inside it (``tensor_marks``), so those categories need no inference.
+plus ``memory_stats`` (PyTorch's counters, per device), ``environment``,
+``vramlab_categories``: where the program's parameters, gradients and optimizer state
+lived, seen from inside it (``tensor_marks``), and ``vramlab_phases``: where its forwards,
+backwards and optimizer steps began and ended (``phase_marks``), so categories need no
+inference.
 """
 
 import os
@@ -15,6 +17,7 @@ import sys
 from typing import Any
 
 KEY = "vramlab_categories"  # tensor_marks.KEY
+PHASES = "vramlab_phases"  # phase_marks.KEY
 
 
 def plain(value: Any) -> Any:
@@ -66,24 +69,43 @@ def _guard_checkpointing(torch: Any, stacks: str, max_entries: int) -> None:
     checkpointing.checkpoint = checkpoint
 
 
-def _marks(torch: Any) -> Any:
-    """``tensor_marks.Marks``, loaded from beside this file (the program's environment
-    need not have vramlab installed), hooked in; None if that fails."""
-    try:
-        import importlib.util
+def _beside(name: str) -> Any:
+    """A module of this folder, loaded from its file (the program's environment need not
+    have vramlab installed)."""
+    import importlib.util
 
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "tensor_marks.py")
-        spec = importlib.util.spec_from_file_location("vramlab_tensor_marks", path)
-        if spec is None or spec.loader is None:
-            return None
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"vramlab_{name}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _marks(torch: Any) -> Any:
+    """``tensor_marks.Marks`` hooked in; None if that fails."""
+    try:
         entries = int(os.environ.get("VRAMLAB_RECORD_MAX_ENTRIES", "0"))
+        module = _beside("tensor_marks")
         marks = module.Marks(torch, limit=max(10_000, 2 * entries) if entries else 1_000_000)
         marks.install()
         return marks
     except Exception as exc:  # the recording goes on, its categories inferred
         sys.stderr.write(f"vramlab record: categories will be inferred ({exc})\n")
+        return None
+
+
+def _phases(torch: Any) -> Any:
+    """``phase_marks.Phases`` on the current device, hooked in; None if that fails."""
+    try:
+        module = _beside("phase_marks")
+        device = int(torch.cuda.current_device())
+        phases = module.Phases(torch, module.allocations_counter(torch, device), device)
+        phases.install()
+        return phases
+    except Exception as exc:  # the recording goes on, those categories inferred
+        sys.stderr.write(f"vramlab record: phases will be inferred ({exc})\n")
         return None
 
 
@@ -107,15 +129,20 @@ def _start(out: str) -> None:
     )
     _guard_checkpointing(torch, stacks, max_entries)
     marks = _marks(torch)
+    phases = _phases(torch)
 
     def dump(path: str) -> None:
         categories = None
         if marks is not None:
             marks._safely(marks.see_all)
             categories = plain(marks.data())
+        # The counter is read right before the snapshot: nothing allocates between.
+        phase_data = plain(phases.data()) if phases is not None else None
         snapshot = torch.cuda.memory._snapshot()
         if categories is not None:
             snapshot[KEY] = categories
+        if phase_data is not None:
+            snapshot[PHASES] = phase_data
         count = torch.cuda.device_count()
         snapshot["memory_stats"] = plain([torch.cuda.memory_stats(i) for i in range(count)])
         props = torch.cuda.get_device_properties(0)
