@@ -71,6 +71,7 @@ def categorise(
                 fate,
                 bseq in walk.after_workspace,
                 bseq in walk.after_output,
+                walk.oom_after(bseq) if walk.oom_clocks else None,
             )
             if recorded is not None and name in RECORDED:
                 reason = (
