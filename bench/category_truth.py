@@ -252,6 +252,12 @@ def report(results: list[dict[str, Any]]) -> None:
             )
         summary.append((r, worst))
         t = r["truth"]
+        at = sum(t["categories"].values())
+        if t.get("allocated_peak") not in (None, at):
+            print(
+                f"{r['fixture']}: the truth is taken at {mib(at)} MiB, the recorded run's "
+                f"allocator peaked at {mib(t['allocated_peak'])} MiB: not the same moment"
+            )
         if t.get("steps") != t.get("steps_recorded", t.get("steps")):
             print(
                 f"{r['fixture']}: the truth run did {t.get('steps')} steps, the recorded "
