@@ -6,8 +6,10 @@ parameter, a gradient or optimizer state by tensor identity (``truth``), and Mem
 own attribution of the rest (activations, inputs as other, temporaries). Library
 workspaces (cuBLAS's per handle) are no tensor, so no tracker sees them: they are measured
 at the end of the recorded run as the allocator's bytes that no live tensor holds, and
-counted with the temporaries. Blocks are counted as the caching allocator does (rounded up
-to 512 bytes).
+counted with the temporaries, as is an op's own scratch (buffers it makes and frees within
+itself, measured around each op with the allocator's peak counter): the truth is taken at
+the allocator's peak, where such scratch may be alive, not at MemTracker's. Blocks are
+counted as the caching allocator does (rounded up to 512 bytes).
 
 Run by ``category_truth.py`` as ``python bench/category_loops.py FIXTURE`` (the program
 ``vramlab record`` records: its OOM fixture dies of the OOM, as a program would).
@@ -197,14 +199,18 @@ def untracked(parts: Parts) -> int:
 
 
 def truth(fx: Fixture, device: str, workspaces: int) -> dict[str, Any]:
-    """One run of the fixture under MemTracker: the categories at its peak.
+    """One run of the fixture under MemTracker: the categories at the allocator's peak.
 
     After every op, each storage that is a parameter (or buffer), a ``.grad`` or an
     optimizer's state is named so by identity, for its whole life: a gradient is an op's
     output until autograd accumulates it, SGD's momentum a clone until its step ends, and
-    both count as such at a peak between. The storages alive at MemTracker's peak are
-    kept, and counted by those names once the run is over; the rest by MemTracker's own
-    attribution (its activations and inputs; temporaries: what is left, plus workspaces)."""
+    both count as such at a peak between. The moment taken is the allocator's high point
+    as seen op by op: MemTracker's total after each op plus that op's own scratch (what
+    the allocator held within the op beyond what it holds after it: buffers the op made
+    and freed itself, no tensor, so MemTracker's own peak misses them; on CUDA only). The
+    storages alive then are kept, and counted by those names once the run is over; the
+    rest by MemTracker's own attribution (its activations and inputs; temporaries: what is
+    left, plus the op's scratch and the workspaces)."""
     from torch.distributed._tools.mem_tracker import MemTracker
 
     parts = build(fx, device)
@@ -224,17 +230,39 @@ def truth(fx: Fixture, device: str, workspaces: int) -> dict[str, Any]:
                 if found is not None and getattr(found[0], attr, None) is None:
                     setattr(found[0], attr, category)
 
+    cuda = dev.type == "cuda"
+
     class Truth(MemTracker):
         best = -1
         total = 0
+        scratch = 0  # at the best moment: the op's own buffers, freed within it
+        op_scratch = 0  # the op just run's
         alive: list[Any] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            if not cuda:
+                return super().__torch_dispatch__(func, types, args, kwargs)
+
+            def measured(*a: Any, **k: Any) -> Any:
+                # The allocator's high point within the op, over what it holds after it:
+                # buffers the op made and freed itself (a reduction's or a kernel's
+                # scratch), which are no tensor, so MemTracker never sees them.
+                torch.cuda.reset_peak_memory_stats(dev)
+                out = func(*a, **k)
+                high = torch.cuda.max_memory_allocated(dev)
+                self.op_scratch = max(0, high - torch.cuda.memory_allocated(dev))
+                return out
+
+            return super().__torch_dispatch__(measured, types, args, kwargs)
 
         def _update_peak_stats(self, peak_state: Any) -> None:
             super()._update_peak_stats(peak_state)
             name()
+            scratch, self.op_scratch = self.op_scratch, 0
             snap = self._curr_mem_snap.get(dev)
-            if snap and snap["Total"] > self.best:
-                self.best = self.total = snap["Total"]
+            if snap and snap["Total"] + scratch > self.best:
+                self.best = snap["Total"] + scratch
+                self.total, self.scratch = snap["Total"], scratch
                 self.alive = [w for w, _ in self._WINFO.values() if w.device == dev]
 
     tracker = Truth()
@@ -262,12 +290,13 @@ def truth(fx: Fixture, device: str, workspaces: int) -> dict[str, Any]:
         if category is None:
             category = {"Activation": A, "Other": OTHER}.get(kind, T)
         cats[category] += w.mem_consumed
-    cats[T] += workspaces
+    cats[T] += workspaces + tracker.scratch
     return {
         "categories": cats,
         "memtracker": mt,
         "memtracker_peak": tracker.total,
         "workspaces": workspaces,
+        "op_scratch": tracker.scratch,
         "steps": steps,
     }
 

@@ -3,6 +3,8 @@
 
     python3 bench/category_truth.py [--save tests/snapshots/data/fixtures] [--only a,b]
     python3 bench/category_truth.py --cpu   # no GPU: the loops and the truth on the CPU
+    python3 bench/category_truth.py --rescore tests/snapshots/data/fixtures  # no GPU: the
+        # saved fixtures imported again with today's rules, truth.json's vramlab side rewritten
 
 On the GPU host, this and the GPU tests of ``vramlab record`` (about 6 minutes):
 
@@ -130,15 +132,47 @@ def scrubbed(path: Path) -> bytes:
 
 def imported(raw: bytes) -> dict[str, Any]:
     """vramlab's summary of a snapshot, as its import makes it."""
-    from app.snapshots.load import load
-    from app.snapshots.parse import convert
+    from app.snapshots.parse import convert_records
+    from app.snapshots.read import load
 
     with tempfile.TemporaryDirectory() as tmp:
         src = Path(tmp) / "in.pickle"
         src.write_bytes(raw)
-        data, _ = load(src, Path(tmp), 2**32, False)
-        summary: dict[str, Any] = convert(data, Path(tmp), 50_000, None)
+        loaded = load(src, Path(tmp), 2**32, False)
+        try:
+            summary: dict[str, Any] = convert_records(
+                loaded.data, loaded.sink, Path(tmp), 50_000, None
+            )
+        finally:
+            loaded.sink.close()
+            loaded.sink.remove()
     return summary
+
+
+def score(result: dict[str, Any], way: str, raw: bytes) -> None:
+    """``result[way]``: the categories of one of its snapshots as vramlab imports it."""
+    summary = imported(raw)
+    result[way] = {c["category"]: c["bytes"] for c in summary["categories"]}
+    result[way]["peak"] = summary["peak"]["allocated"] if summary["peak"] else 0
+    result[f"{way}_recorded_bytes"] = sum(c.get("recorded_bytes", 0) for c in summary["categories"])
+
+
+def rescore(folder: Path, names: list[str] | None) -> list[dict[str, Any]]:
+    """The saved fixtures in ``folder`` imported again with today's code, on the CPU: the
+    truth as the GPU host measured it, vramlab's categories recomputed; ``truth.json``
+    rewritten."""
+    path = folder / "truth.json"
+    results: list[dict[str, Any]] = json.loads(path.read_text())
+    for r in results:
+        if names is not None and r["fixture"] not in names:
+            continue
+        for way in ("recorded", "inferred"):
+            kept = r.get(f"{way}_file")
+            if kept:
+                score(r, way, gzip.decompress((folder / kept).read_bytes()))
+        r["rows"] = rows_of(r)
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    return [r for r in results if names is None or r["fixture"] in names]
 
 
 def error(got: int | None, truth: int, peak: int) -> float | None:
@@ -218,6 +252,12 @@ def report(results: list[dict[str, Any]]) -> None:
             )
         summary.append((r, worst))
         t = r["truth"]
+        at = sum(t["categories"].values())
+        if t.get("allocated_peak") not in (None, at):
+            print(
+                f"{r['fixture']}: the truth is taken at {mib(at)} MiB, the recorded run's "
+                f"allocator peaked at {mib(t['allocated_peak'])} MiB: not the same moment"
+            )
         if t.get("steps") != t.get("steps_recorded", t.get("steps")):
             print(
                 f"{r['fixture']}: the truth run did {t.get('steps')} steps, the recorded "
@@ -253,12 +293,7 @@ def run_fixture(name: str, work: Path, save: Path | None) -> dict[str, Any]:
             result[way] = None
             continue
         raw = scrubbed(path)
-        summary = imported(raw)
-        result[way] = {c["category"]: c["bytes"] for c in summary["categories"]}
-        result[way]["peak"] = summary["peak"]["allocated"] if summary["peak"] else 0
-        result[f"{way}_recorded_bytes"] = sum(
-            c.get("recorded_bytes", 0) for c in summary["categories"]
-        )
+        score(result, way, raw)
         if save is not None:
             packed = gzip.compress(raw, mtime=0)
             if len(packed) <= MAX_SAVED:
@@ -292,15 +327,31 @@ def main() -> int:
     parser.add_argument("--only", help="comma-separated fixture names")
     parser.add_argument("--cpu", action="store_true", help="no GPU: the loops and truth only")
     parser.add_argument("--markdown", action="store_true", help="also the docs' table")
+    parser.add_argument(
+        "--rescore",
+        type=Path,
+        metavar="DIR",
+        help="no GPU: import the fixtures saved in DIR again with today's code and rewrite "
+        "its truth.json (the truth kept as measured)",
+    )
     parser.add_argument("--plain-pass", nargs=2, metavar=("FIXTURE", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.plain_pass:
         plain_pass(args.plain_pass[0], Path(args.plain_pass[1]))
         return 0
+
+    started = time.monotonic()
+    if args.rescore:
+        results = rescore(args.rescore, args.only.split(",") if args.only else None)
+        if args.markdown:
+            markdown(results)
+            print()
+        report(results)
+        print(f"\n{len(results)} fixtures rescored in {time.monotonic() - started:.0f} s")
+        return 0
     import category_loops as loops
 
     names = args.only.split(",") if args.only else list(loops.FIXTURES)
-    started = time.monotonic()
     failed: list[str] = []
     if args.cpu:
         results = cpu_run(names)

@@ -18,8 +18,10 @@ from vramlab.contract import CATEGORY_KEYS, Category
 
 CATEGORIES = CATEGORY_KEYS
 
-# Sites, from frames (AUTOGRAD: no frames, but made inside a backward call's window).
-OPTIMIZER, BACKWARD, PARAMETER, FORWARD, NONE, EMPTY, WORKSPACE, AUTOGRAD = range(8)
+# Sites, from frames (AUTOGRAD: no frames, but made inside a backward call's window;
+# RECOMPUTE: a forward's frames recorded inside a backward call's window, which only
+# autograd's thread records there: a checkpointed forward recomputed for that backward).
+OPTIMIZER, BACKWARD, PARAMETER, FORWARD, NONE, EMPTY, WORKSPACE, AUTOGRAD, RECOMPUTE = range(9)
 
 RULES = {
     "parameters": "allocated while a module was built or moved (nn.Module __init__, "
@@ -30,10 +32,13 @@ RULES = {
     "optimizer_state": "allocated inside torch.optim (an optimizer step) and alive after that "
     "step ended",
     "activations": "allocated in a module's forward and freed only after a later backward "
-    "began (saved for backward)",
+    "began (saved for backward); or in a forward recomputed inside a backward (activation "
+    "checkpointing); or in the forward that ran out of memory (no backward came to tell saved "
+    "from temporary)",
     "temporaries": "allocated in forward, backward or an optimizer step and freed before that "
     "work was done; and library workspaces (named in C++ frames, or a cuBLAS workspace's size "
-    "made where matmuls run and never freed: one per handle, so per thread)",
+    "made where matmuls run and never freed: one per handle, so per thread; cuBLASLt's 1 MiB "
+    "made by a recomputed forward and kept after its backward returned)",
     "other": "made by the program outside any module, backward or optimizer step (inputs, "
     "targets, a loss)",
     "unknown": "the evidence does not decide: each block's reason is listed",
@@ -96,8 +101,21 @@ def has_zero_grad(frames: Sequence[Any]) -> bool:
 
 def runs_in_backward(frames: Sequence[Any]) -> bool:
     """Python frames that autograd's thread records itself: a checkpointed forward being
-    recomputed, or an ``autograd.Function``'s own ``backward``."""
-    for f in frames or ():
+    recomputed, or an ``autograd.Function``'s own ``backward`` (or what it frees as it
+    returns, where the outermost frame is ``torch/autograd/function.py``'s ``apply``:
+    autograd's thread has no Python frame below the one that calls it; the main thread's
+    stacks end in the program's)."""
+    frames = frames or ()
+    if frames:
+        last = frames[-1]
+        if (
+            type(last) is dict
+            and last.get("name") == "apply"
+            and type(last.get("filename")) is str
+            and last["filename"].endswith("torch/autograd/function.py")
+        ):
+            return True
+    for f in frames:
         if type(f) is not dict:
             continue
         filename = f.get("filename")
@@ -151,18 +169,20 @@ def decide(
     fate: Fate,
     after_workspace: bool = False,
     after_output: bool = False,
+    oom: Clock | None = None,
 ) -> tuple[str, str]:
     """A block's category and the evidence for it, from its site (``where``), its
     allocation's position ``seq``, its size, how it ended and whether it was allocated
-    right after a workspace-sized block by the same stack, and (for a workspace-sized one)
-    whether it was allocated right after another by the same stack (its op's output)."""
+    right after a workspace-sized block by the same stack, (for a workspace-sized one)
+    whether it was allocated right after another by the same stack (its op's output), and
+    ``oom``: the clock at the first out-of-memory error after its allocation (None: none)."""
     clock = fate.clock
     kept = fate.freed is None
     if where == PARAMETER:
         return P, "made while a module was built or moved"
     if where == WORKSPACE:
         return T, "a library workspace, named in its C++ frames"
-    if kept and where in (FORWARD, BACKWARD, AUTOGRAD, EMPTY):
+    if kept and where in (FORWARD, BACKWARD, AUTOGRAD, EMPTY, RECOMPUTE):
         if size in WORKSPACE_SIZES:
             return (
                 T,
@@ -205,7 +225,32 @@ def decide(
                 )
             return S, "made in an optimizer step, never freed"
         return T, "made in an optimizer step, freed within it"
+    if where == RECOMPUTE:
+        if not kept:
+            return A, "made in a forward recomputed inside a backward (activation checkpointing)"
+        if clock.in_backward:
+            return U, (
+                "made in a forward recomputed inside a backward, alive when the trace ended "
+                "inside it (recomputed for it, or a workspace)"
+            )
+        if size == LT_WORKSPACE_SIZE:
+            return T, (
+                "1 MiB made in a forward recomputed inside a backward, kept after that "
+                "backward returned (cuBLASLt's workspace of autograd's thread)"
+            )
+        return U, "made in a forward recomputed inside a backward, kept after it returned"
     if where == FORWARD:
+        if (
+            oom is not None
+            and oom.backward_start < seq
+            and oom.step_start < seq
+            and not oom.in_backward
+            and not oom.in_step
+        ):
+            return A, (
+                "made in the forward that ran out of memory (no backward came to tell saved "
+                "from temporary: a forward's tensors, as PyTorch's MemTracker counts them)"
+            )
         if clock.backward_start > seq:
             if kept and clock.in_backward:
                 return U, (

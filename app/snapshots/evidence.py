@@ -7,7 +7,8 @@ it is, which is what places autograd's thread: with Python frames alone it recor
 and it runs while the main thread waits inside ``Tensor.backward`` (seen where it starts,
 ``_make_grads``, and where it returns, the free of its seed gradient). The few Python
 frames that thread does record (a checkpointed forward recomputed, an
-``autograd.Function``'s ``backward``) leave the clock inside the backward.
+``autograd.Function``'s ``backward``) leave the clock inside the backward, and mark a
+forward's allocations there as recomputed.
 """
 
 from app.snapshots import categories as cat
@@ -61,8 +62,15 @@ class Timeline:
             self.in_step, self.step_end = False, seq
 
     def where(self, site: int) -> int:
-        """An allocation's site, with what the time says of one that has no frames."""
-        return cat.AUTOGRAD if site == cat.EMPTY and self.in_backward else site
+        """An allocation's site, with what the time says of one that has no frames, and of
+        a forward's inside a backward (only autograd's thread records one there: a
+        checkpointed forward recomputed)."""
+        if self.in_backward:
+            if site == cat.EMPTY:
+                return cat.AUTOGRAD
+            if site == cat.FORWARD:
+                return cat.RECOMPUTE
+        return site
 
     def now(self) -> cat.Clock:
         return cat.Clock(

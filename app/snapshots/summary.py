@@ -75,6 +75,7 @@ def categorise(
                 fate,
                 bseq in walk.after_workspace,
                 bseq in walk.after_output,
+                walk.oom_after(bseq) if walk.oom_clocks else None,
             )
             phase = None
             # Library workspaces keep their evidence; parameters, gradients and optimizer

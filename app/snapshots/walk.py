@@ -113,6 +113,7 @@ class Walk:
         self.after_workspace: set[int] = set()  # allocations right after one, same stack
         self.after_output: set[int] = set()  # workspace-sized, right after the same stack's
         self.ooms: list[dict[str, Any]] = []
+        self.oom_clocks: list[tuple[int, cat.Clock]] = []  # each OOM's seq and the clock then
         self.n_ooms = 0
         self.alloc_seqs = array("q")  # the seq of each of the trace's allocations, in order
         self.t_us = 0.0
@@ -181,6 +182,7 @@ class Walk:
             )
             if action == "oom":
                 line += self._oom(seq, t_us, size, free, sid)
+                self.oom_clocks.append((seq, timeline.now()))
             # A free whose frames are its block's (PyTorch's context="alloc") stores none:
             # readers take them from the allocation, which keeps the stored trace a third
             # of the size. A free recorded with its own call site (context="all") keeps it.
@@ -241,6 +243,13 @@ class Walk:
                 }
             )
         return f',"device_free":{num(free)}'
+
+    def oom_after(self, seq: int) -> cat.Clock | None:
+        """The clock at the first out-of-memory error after ``seq`` (None: none)."""
+        for at, clock in self.oom_clocks:
+            if at > seq:
+                return clock
+        return None
 
     def end(self) -> cat.Fate:
         """How a block alive at the trace's end ended: it did not."""
