@@ -24,8 +24,8 @@ def block_size(n: int) -> int:
     """The caching allocator's block for a request of ``n`` bytes: rounded up to 512.
 
     Trace entries carry the size asked for; ``torch.cuda.memory_allocated`` counts blocks,
-    so vramlab's figures count them too (a block the allocator did not split can be larger
-    still; the trace cannot show that)."""
+    so vramlab's figures count them too (a block the allocator did not split is larger
+    still: ``app.snapshots.blocks`` tells it from the segments)."""
     return (n + 511) & ~511 if n > 0 else 0
 
 

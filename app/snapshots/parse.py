@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from app.snapshots import recorded, safe_pickle
+from app.snapshots.blocks import Blocks, max_split_size
 from app.snapshots.chunks import ChunkWriter
 from app.snapshots.entries import Sink, from_data
 from app.snapshots.load import Invalid, pick_device, pre_trace, validate_top
@@ -75,12 +76,17 @@ def convert_records(
     timed = bool(len(trace)) and all(type(t) in (int, float) for t in times)
     t0 = float(times[0]) if timed else 0.0
     marks = recorded.read(data, t0 if timed else None)
-    replay = Replay(baseline, reserved0)
+    blocks = Blocks(max_split_size(data.get("allocator_settings")))
+    for seg in pre_segs:
+        blocks.segment(seg["addr"], seg["size"])
+    for block in pre_blocks:
+        blocks.alive(block["addr"])
+    replay = Replay(baseline, reserved0, blocks)
     replay.run(trace, pre_blocks, t0 if timed else None)
     walk = Walk(device, ChunkWriter(out, per_chunk), sink)
     walk.pre_trace(pre_segs, pre_blocks)
     peak_at = replay.peak_index
-    walk.run(trace, t0 if timed else None, peak_at)
+    walk.run(trace, t0 if timed else None, peak_at, replay.sizes)
     phases = read_phases(data)
     bound = None if phases is None else phases.bind(index, len(walk.alloc_seqs))
     categories, top_alive = categorise(walk, marks, bound)

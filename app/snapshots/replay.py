@@ -4,6 +4,7 @@ the largest blocks, and a timeline reduced to about ``TIMELINE_POINTS`` points."
 import heapq
 from typing import TYPE_CHECKING, Any
 
+from app.snapshots.blocks import Blocks
 from app.snapshots.load import GROWS, SHRINKS, as_int, block_size
 
 if TYPE_CHECKING:
@@ -18,7 +19,11 @@ SILENT = frozenset({"free_requested", "snapshot", "oom"})
 class Replay:
     """Pass one: allocated and reserved after each entry, the peak, the largest blocks."""
 
-    def __init__(self, baseline: int, reserved: int) -> None:
+    def __init__(self, baseline: int, reserved: int, blocks: Blocks | None = None) -> None:
+        self.blocks = blocks if blocks is not None else Blocks()
+        # Entry index -> block size, where the allocator's block was larger than the
+        # request rounded up (``blocks``): the walk counts the same blocks.
+        self.sizes: dict[int, int] = {}
         self.allocated = baseline
         self.reserved = reserved
         self.peak = baseline
@@ -69,7 +74,10 @@ class Replay:
     def _apply(self, i: int, action: str, addr: Any, size: Any, time_us: Any, sid: int) -> None:
         live = self.live
         if action == "alloc":
-            size = block_size(as_int(size, "size"))
+            asked = as_int(size, "size")
+            size = self.blocks.alloc(addr, asked)
+            if size != block_size(asked):
+                self.sizes[i] = size
             live[addr] = size
             self.allocated += size
             if self.allocated > self.peak:
@@ -87,10 +95,19 @@ class Replay:
                 self.kept[i] = (addr, time_us, sid)
         elif action == "free_completed":
             freed = live.pop(addr, None)
+            self.blocks.free(addr)
             if freed is not None:
                 self.allocated -= freed
         elif action in GROWS:
             self.reserved += as_int(size, "size")
             self.reserved_peak = max(self.reserved_peak, self.reserved)
+            if action == "segment_alloc":
+                self.blocks.segment(addr, as_int(size, "size"))
+            else:  # pages mapped into an expandable segment
+                self.blocks.expandable()
         elif action in SHRINKS:
             self.reserved = max(0, self.reserved - as_int(size, "size"))
+            if action == "segment_free":
+                self.blocks.segment_gone(addr)
+            else:
+                self.blocks.expandable()

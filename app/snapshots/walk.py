@@ -140,9 +140,13 @@ class Walk:
             self.seq += 1
         self.offset = self.seq
 
-    def run(self, trace: "Trace", t0: float | None, peak_at: int) -> None:
+    def run(
+        self, trace: "Trace", t0: float | None, peak_at: int, sizes: dict[int, int] | None = None
+    ) -> None:
         """Every entry; ``t0``: the first entry's time_us (None: times are entry numbers);
-        ``peak_at``: the peak's entry (-1: before the first)."""
+        ``peak_at``: the peak's entry (-1: before the first); ``sizes``: the blocks larger
+        than their request rounded up, by entry (``Replay.sizes``)."""
+        sizes = sizes or {}
         device, stacks, writer, live = self.device, self.stacks, self.writer, self.live
         timeline, fates = self.timeline, self.fates
         weird = stacks.weird
@@ -206,7 +210,8 @@ class Walk:
                 elif same_op and workspace_at == last_alloc[0]:
                     self.after_workspace.add(seq)
                 last_alloc = (seq, stack)
-                live[addr] = (block_size(size), seq, timeline.where(where), key, t_us, token)
+                taken = sizes.get(i) or block_size(size)
+                live[addr] = (taken, seq, timeline.where(where), key, t_us, token)
             elif own and action in FREE_ACTIONS:
                 where, zero_grad, in_backward, _ = of(key)
                 timeline.see(seq, where, zero_grad, False, in_backward)
