@@ -30,7 +30,7 @@ Both snapshots go through ``app.snapshots.parse.convert``, as an upload does. Er
 (vramlab - truth) / max(truth, 1% of the peak), so a category of a few bytes is judged
 against the peak; goals 1% (recorded) and 5% (inferred): BELOW says the error is below
 the goal, MISS that it is not. ``--save DIR`` writes each fixture's two snapshots
-(gzipped, host paths dropped) and ``truth.json`` (the truth and what vramlab gave) for
+(gzipped, host paths dropped from frames and argv) and ``truth.json`` (the truth and what vramlab gave) for
 ``tests/snapshots/test_fixtures.py``.
 """
 
@@ -127,6 +127,11 @@ def scrubbed(path: Path) -> bytes:
 
     with path.open("rb") as f:
         data = pickle.load(f)  # our own child's file
+    environment = data.get("environment")
+    if isinstance(environment, dict) and isinstance(environment.get("argv"), list):
+        # The program's path as the checkout's, not the host's.
+        here = str(ROOT) + os.sep
+        environment["argv"] = [str(a).removeprefix(here) for a in environment["argv"]]
     return pickle.dumps(scrub(data), protocol=4)
 
 
