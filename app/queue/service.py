@@ -12,9 +12,12 @@ the index ``ix_experiments_claim``) and passes rows that others hold; it never s
 expired leases itself. Expired leases are settled by the API's housekeeping task alone
 (app/queue/reaper.py, which a claim that finds nothing nudges): it too takes the
 expired rows with ``SKIP LOCKED``, in the order of their ids, and a row held by a
-heartbeat or an outcome is left for its next round. Calls on claimed experiments lock
-the experiments first and the worker's row last. On SQLite the write transaction holds
-the database's write lock (``BEGIN IMMEDIATE``) and none of this arises. A requeued
+heartbeat or an outcome is left for its next round. Calls on claimed experiments, and
+claims, lock the experiments first and the worker's row last; in between, a change into
+or out of ``queued`` moves its submitters' queued counts (``submitter_queues``), which
+the database's triggers lock in the order of the submitters within one statement. On
+SQLite the write transaction holds the database's write lock (``BEGIN IMMEDIATE``) and
+none of this arises. A requeued
 experiment goes to the back of its priority (``available_at``), so one that kills its
 workers is not retaken first every time.
 """
