@@ -17,7 +17,6 @@ from sqlalchemy import (
     bindparam,
     func,
     insert,
-    literal,
     or_,
     select,
 )
@@ -33,7 +32,8 @@ from app.experiments import views
 from app.experiments.schemas import ExperimentOut, QueueInfo
 from app.experiments.spec_schemas import ExperimentSpec
 from app.experiments.specs import AcceptedSpec
-from app.models import Experiment, ExperimentTag
+from app.models import Experiment, ExperimentTag, SubmitterQueue
+from app.models.submitter_queue import OPEN_SUBMITTER
 from app.queue import live_workers, workers
 from app.queue import service as queue
 from vramlab.contract import Status
@@ -88,10 +88,8 @@ def insert_queued(
     waiting workers (``WorkSignal``)."""
     row = columns(accepted, now, submitted_by=submitted_by, preset=preset)
     row["idempotency_key"] = idempotency_key
-    quota: dict[str, Any] = {"cap": settings.max_queued_per_token}
-    if submitted_by is not None:
-        quota["who"] = submitted_by
-    stmt = _insert_within_quota(tuple(row), token=submitted_by is not None)
+    quota = {"cap": settings.max_queued_per_token, "who": _submitter_key(submitted_by)}
+    stmt = _insert_within_quota(tuple(row))
     if cast(CursorResult[Any], conn.execute(stmt, {**row, **quota})).rowcount != 1:
         check_quota(conn, submitted_by, settings)  # 429, saying how many are queued
         conn.execute(_INSERT_EXPERIMENT, row)  # the queue moved on meanwhile
@@ -104,13 +102,13 @@ def insert_queued(
 
 
 @functools.lru_cache(maxsize=4)
-def _insert_within_quota(names: tuple[str, ...], *, token: bool) -> Insert:
+def _insert_within_quota(names: tuple[str, ...]) -> Insert:
     """INSERT one experiment (the columns ``names``, each a parameter) if its submitter
-    has fewer than ``:cap`` queued (``:who`` names the token, if ``token``): the quota
-    check and the insert in one statement, one round trip."""
+    ``:who`` has fewer than ``:cap`` queued: the quota check and the insert in one
+    statement, one round trip."""
     table = cast(Table, Experiment.__table__)
     values = select(*(bindparam(n, type_=table.c[n].type) for n in names)).where(
-        _queued_of(token).scalar_subquery() < bindparam("cap")
+        _QUEUED_OF.scalar_subquery() < bindparam("cap")
     )
     # Whether it inserted is its row count, which SQLAlchemy reads for an INSERT only
     # when asked to.
@@ -169,26 +167,20 @@ def columns(
     }
 
 
-def _queued_of(token: bool) -> Select[int]:
-    """How many experiments a submitter has queued, counted up to ``:cap`` rows (a long
-    queue costs no more than the cap to check); ``:who`` names the token, if ``token``."""
-    who = Experiment.submitted_by
-    mine = (
-        # A constant, not a column: the index (status, submitted_by) answers alone, with
-        # no look-up of each row (on SQLite the id is not in that index).
-        select(literal(1))
-        .where(
-            Experiment.status == Status.QUEUED,
-            who == bindparam("who") if token else who.is_(None),
-        )
-        .limit(bindparam("cap"))
-        .subquery()
-    )
-    return select(func.count()).select_from(mine)
+def _queued_of() -> Select[int]:
+    """How many experiments the submitter ``:who`` has queued: one row that the database
+    keeps exact (``SubmitterQueue``), so the check costs the same however long the
+    queue; a submitter with no row has none queued."""
+    count = select(SubmitterQueue.queued).where(SubmitterQueue.submitter == bindparam("who"))
+    return select(func.coalesce(count.scalar_subquery(), 0))
 
 
 # Built once: on SQLite, building a statement costs more than running it.
-_QUEUED_OF_TOKEN, _QUEUED_OPEN = _queued_of(True), _queued_of(False)
+_QUEUED_OF = _queued_of()
+
+
+def _submitter_key(submitted_by: str | None) -> str:
+    return OPEN_SUBMITTER if submitted_by is None else submitted_by
 
 
 def check_quota(
@@ -196,10 +188,7 @@ def check_quota(
 ) -> None:
     """Refuse (429) a submitter that already has as many queued experiments as allowed."""
     cap = settings.max_queued_per_token
-    if submitted_by is None:
-        queued = session.scalar(_QUEUED_OPEN, {"cap": cap + 1}) or 0
-    else:
-        queued = session.scalar(_QUEUED_OF_TOKEN, {"who": submitted_by, "cap": cap + 1}) or 0
+    queued = session.scalar(_QUEUED_OF, {"who": _submitter_key(submitted_by)}) or 0
     if queued + adding > cap:
         raise TooManyRequests(
             f"{queued} experiments of yours are queued and {adding} more were asked for; at most "

@@ -48,14 +48,15 @@ def submit(
             who, spec = _caller_and_device(read, caller, spec, settings, now)
         accepted = accept(spec, settings)
         with db.transaction() as conn:
-            row = experiments.insert_queued(conn, accepted, settings, now, submitted_by=who.id)
             queue = experiments.queue_info(conn, accepted, settings, now)
+            row = experiments.insert_queued(conn, accepted, settings, now, submitted_by=who.id)
     else:  # one connection, one transaction
         with db.transaction() as conn:
             who, spec = _caller_and_device(conn, caller, spec, settings, now)
             accepted = accept(spec, settings)
-            row = experiments.insert_queued(conn, accepted, settings, now, submitted_by=who.id)
             queue = experiments.queue_info(conn, accepted, settings, now)
+            # The insert last: it locks the submitter's queued count until the commit.
+            row = experiments.insert_queued(conn, accepted, settings, now, submitted_by=who.id)
     signal.notify(1)  # committed: wake a waiting claim here, and every replica's
     return views.queued_out(row, accepted, queue), False
 

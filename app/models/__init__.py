@@ -6,6 +6,7 @@ from app.models.experiment import Experiment
 from app.models.fit import Fit
 from app.models.result import Result
 from app.models.snapshot import Snapshot
+from app.models.submitter_queue import SubmitterQueue
 from app.models.sweep import Sweep
 from app.models.tag import ExperimentTag
 from app.models.trace_chunk import TraceChunk
@@ -19,6 +20,7 @@ __all__ = [
     "Fit",
     "Result",
     "Snapshot",
+    "SubmitterQueue",
     "Sweep",
     "TraceChunk",
     "Worker",

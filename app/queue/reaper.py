@@ -28,9 +28,15 @@ log = logging.getLogger("vramlab.reaper")
 
 
 def settle(db: Database, settings: Settings, now: datetime) -> int:
-    """One round: settle every expired lease; returns how many were settled."""
-    with db.session() as s:
-        return queue.expire_leases(s, now, settings.max_attempts)
+    """One round: settle every expired lease, a slice a transaction; returns how many
+    were settled."""
+    settled = 0
+    while True:
+        with db.session() as s:
+            n = queue.expire_leases(s, now, settings.max_attempts)
+        settled += n
+        if n < queue.EXPIRE_SLICE:
+            return settled
 
 
 class Nudge:

@@ -12,9 +12,12 @@ the index ``ix_experiments_claim``) and passes rows that others hold; it never s
 expired leases itself. Expired leases are settled by the API's housekeeping task alone
 (app/queue/reaper.py, which a claim that finds nothing nudges): it too takes the
 expired rows with ``SKIP LOCKED``, in the order of their ids, and a row held by a
-heartbeat or an outcome is left for its next round. Calls on claimed experiments lock
-the experiments first and the worker's row last. On SQLite the write transaction holds
-the database's write lock (``BEGIN IMMEDIATE``) and none of this arises. A requeued
+heartbeat or an outcome is left for its next round. Calls on claimed experiments, and
+claims, lock the experiments first and the worker's row last; in between, a change into
+or out of ``queued`` moves its submitters' queued counts (``submitter_queues``), which
+the database's triggers lock in the order of the submitters within one statement. On
+SQLite the write transaction holds the database's write lock (``BEGIN IMMEDIATE``) and
+none of this arises. A requeued
 experiment goes to the back of its priority (``available_at``), so one that kills its
 workers is not retaken first every time.
 """
@@ -90,51 +93,54 @@ def _locked_in_order(session: Session, stmt: Select[Any]) -> Select[Any]:
 
 
 def expire_leases(session: Session, now: datetime, max_attempts: int) -> int:
-    """Expired leases: cancel what was being cancelled, fail what used every attempt as
-    `lost`, and put the rest at the back of the queue. Returns how many were settled.
+    """Expired leases, ``EXPIRE_SLICE`` at most: cancel what was being cancelled, fail
+    what used every attempt as `lost`, and put the rest at the back of the queue. Returns
+    how many were settled; the reaper calls again, in a new transaction, while a slice
+    comes back full.
 
     The reaper's work alone. The rows are taken in the order of their ids, passing any
     that another transaction holds (a heartbeat or an outcome that raced the expiry: the
-    next round sees it again if it still needs settling), so this never waits on a row."""
+    next round sees it again if it still needs settling), so this never waits on a row.
+    A slice a transaction: the requeue moves the submitters' queued counts (locked in
+    their order within one statement, as a claim's are), and a second slice in the same
+    transaction could take them in another order than a claim between the two."""
+    stmt = (
+        select(Experiment.id)
+        .where(Experiment.status == Status.RUNNING, Experiment.lease_expires_at < now)
+        .order_by(Experiment.id)
+        .limit(EXPIRE_SLICE)
+    )
+    ids = list(session.scalars(_locked_in_order(session, stmt)))
     settled = 0
-    while True:
-        stmt = (
-            select(Experiment.id)
-            .where(Experiment.status == Status.RUNNING, Experiment.lease_expires_at < now)
-            .order_by(Experiment.id)
-            .limit(EXPIRE_SLICE)
-        )
-        ids = list(session.scalars(_locked_in_order(session, stmt)))
+    expired = (Experiment.id.in_(ids), Experiment.status == Status.RUNNING)
+    for where, values in (
+        (
+            (Experiment.cancel_requested.is_(True),),
+            {"status": Status.CANCELLED, "finished_at": now},
+        ),
+        (
+            (Experiment.attempts >= max_attempts,),
+            {
+                "status": Status.FAILED,
+                "finished_at": now,
+                "error_type": ErrorType.LOST,
+                "error_message": (
+                    f"the worker's lease expired {max_attempts} time(s): "
+                    "its worker died or lost contact while running it"
+                ),
+                "error_hint": (
+                    "a crash that takes the worker down repeats; check the worker's log"
+                ),
+            },
+        ),
+        ((), {"status": Status.QUEUED, "worker_id": None, "available_at": now}),
+    ):
         if not ids:
-            return settled
-        expired = (Experiment.id.in_(ids), Experiment.status == Status.RUNNING)
-        for where, values in (
-            (
-                (Experiment.cancel_requested.is_(True),),
-                {"status": Status.CANCELLED, "finished_at": now},
-            ),
-            (
-                (Experiment.attempts >= max_attempts,),
-                {
-                    "status": Status.FAILED,
-                    "finished_at": now,
-                    "error_type": ErrorType.LOST,
-                    "error_message": (
-                        f"the worker's lease expired {max_attempts} time(s): "
-                        "its worker died or lost contact while running it"
-                    ),
-                    "error_hint": (
-                        "a crash that takes the worker down repeats; check the worker's log"
-                    ),
-                },
-            ),
-            ((), {"status": Status.QUEUED, "worker_id": None, "available_at": now}),
-        ):
-            stmt_u = update(Experiment).where(*expired, *where).values(**values, **_NO_LEASE)
-            result = session.execute(stmt_u.execution_options(synchronize_session=False))
-            settled += cast(CursorResult[Any], result).rowcount
-        if len(ids) < EXPIRE_SLICE:
-            return settled
+            break
+        stmt_u = update(Experiment).where(*expired, *where).values(**values, **_NO_LEASE)
+        result = session.execute(stmt_u.execution_options(synchronize_session=False))
+        settled += cast(CursorResult[Any], result).rowcount
+    return settled
 
 
 def next_candidates(capabilities: dict[str, Any], limit: int = 1) -> Select[Any]:
@@ -154,11 +160,11 @@ def claim_many(
     """Up to ``limit`` experiments for this worker, in the claim order, each leased under
     one new token (the claim's). Rows another claim holds are passed, never waited for;
     expired leases are the reaper's (a claim that finds nothing nudges it)."""
-    workers.seen(session, worker.id, now)
     ids = list(
         session.scalars(_locked_in_order(session, next_candidates(worker.capabilities, limit)))
     )
     if not ids:
+        workers.seen(session, worker.id, now)
         return []
     token = secrets.token_hex(16)
     stmt = (
@@ -174,6 +180,10 @@ def claim_many(
         )
     )
     session.execute(stmt.execution_options(synchronize_session=False))
+    # The worker's row last, as every call on claimed experiments takes it: the UPDATE
+    # above waits for the submitters' queued counts, which a release holds while it
+    # waits for this row.
+    workers.seen(session, worker.id, now)
     # A trace left by an earlier attempt whose lease expired belongs to no result.
     session.execute(delete(TraceChunk).where(TraceChunk.experiment_id.in_(ids)))
     taken = select(Experiment).where(Experiment.id.in_(ids), Experiment.lease_token == token)
