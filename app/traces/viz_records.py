@@ -113,7 +113,8 @@ def decode(block: bytes) -> Columns | None:
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
     n = len(events)
-    code = np.fromiter(map(_CODE.get, map(_GET["action"], events), repeat(-1)), np.int8, n)
+    # Every action decoded is one of _CODE's (the Literal): a plain look-up, no default.
+    code = np.fromiter(map(_CODE.__getitem__, map(_GET["action"], events)), np.int8, n)
     try:
         addr, no_addr = _column(events, "addr", np.int64), np.zeros(n, bool)
         if addr.dtype != np.int64:  # a null
