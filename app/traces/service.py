@@ -1,5 +1,6 @@
 """Allocator traces: chunks uploaded by workers, read back page by page or as a stream."""
 
+import contextlib
 import gzip
 import json
 import queue
@@ -204,9 +205,10 @@ def iter_line_blocks(
 
 def ahead(pieces: Generator[bytes, None, None], depth: int = 4) -> Iterator[bytes]:
     """``pieces`` made in a thread of their own, at most ``depth`` ahead of the reader, so
-    decompressing (ISA-L and zlib let go of the GIL) overlaps with what the reader does with the
-    piece before. Only that thread touches ``pieces`` (and its session); when the reader
-    stops, early or not, the thread closes ``pieces`` and is joined."""
+    making them overlaps with what the reader does with the piece before: decompressing
+    (ISA-L and zlib let go of the GIL) under an export, or an export's next piece while the
+    event loop sends this one. Only that thread touches ``pieces`` (and its session); when
+    the reader stops, early or not, the thread closes ``pieces`` and is joined."""
     ready: queue.Queue[tuple[bytes | None, BaseException | None]] = queue.Queue(depth)
     stop = threading.Event()
 
@@ -242,6 +244,9 @@ def ahead(pieces: Generator[bytes, None, None], depth: int = 4) -> Iterator[byte
             yield piece
     finally:
         stop.set()
+        with contextlib.suppress(queue.Empty):  # a put waiting for room returns at once
+            while True:
+                ready.get_nowait()
         thread.join()
 
 
