@@ -9,7 +9,7 @@ The request's database session opens only after parsing: a long upload holds no 
 """
 
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Generator
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -257,14 +257,14 @@ def trace(
     viewer shows what it showed before import."""
     if format == "memory_viz":
         return StreamingResponse(
-            _memory_viz(db, exp.id, exp.device),
+            traces.ahead(_memory_viz(db, exp.id, exp.device)),  # made while sent
             media_type="application/octet-stream",
             headers={"Content-Disposition": f'attachment; filename="{exp.id}.pickle"'},
         )
     return trace_routes.trace(exp, s, db, format, offset, limit, action, min_size)
 
 
-def _memory_viz(db: Database, snapshot_id: str, device: str) -> Iterator[bytes]:
+def _memory_viz(db: Database, snapshot_id: str, device: str) -> Generator[bytes, None, None]:
     with db.session(write=False) as s:
         exp = snapshots.get(s, snapshot_id)
         segments = snapshots.segments(s, exp)

@@ -2,7 +2,7 @@
 PyTorch's memory viewer (``memory_viz``) or Perfetto (``chrome``)."""
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
@@ -69,7 +69,7 @@ def trace(
     if format in EXPORTS:
         media, ext = EXPORTS[format]
         return StreamingResponse(
-            _export(db, exp.id, exp.device, format),
+            traces.ahead(_export(db, exp.id, exp.device, format)),
             media_type=media,
             headers={"Content-Disposition": f'attachment; filename="{exp.id}.{ext}"'},
         )
@@ -102,7 +102,11 @@ EXPORTS = {
 }
 
 
-def _export(db: Database, experiment_id: str, device: str, format: str) -> Iterator[bytes]:
+def _export(
+    db: Database, experiment_id: str, device: str, format: str
+) -> Generator[bytes, None, None]:
+    """The export's pieces; the route runs this in a thread of its own (``traces.ahead``),
+    so the next piece is made while the event loop sends the one before."""
     with db.session(write=False) as s:
         if format == "memory_viz":
             blocks = traces.ahead(traces.iter_line_blocks(s, experiment_id))

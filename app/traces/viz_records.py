@@ -113,7 +113,8 @@ def decode(block: bytes) -> Columns | None:
     except (msgspec.ValidationError, msgspec.DecodeError):
         return None
     n = len(events)
-    code = np.fromiter(map(_CODE.get, map(_GET["action"], events), repeat(-1)), np.int8, n)
+    # Every action decoded is one of _CODE's (the Literal): a plain look-up, no default.
+    code = np.fromiter(map(_CODE.__getitem__, map(_GET["action"], events)), np.int8, n)
     try:
         addr, no_addr = _column(events, "addr", np.int64), np.zeros(n, bool)
         if addr.dtype != np.int64:  # a null
@@ -156,10 +157,12 @@ def _pop_all(d: dict[Any, Any], keys: list[Any]) -> None:
     deque(map(d.pop, keys, repeat(None)), maxlen=0)  # the loop in C
 
 
-def _last(keys: np.ndarray) -> np.ndarray:
-    """The position of the last occurrence of each distinct key, in the keys' order."""
-    _, first_from_end = np.unique(keys[::-1], return_index=True)
-    return len(keys) - 1 - first_from_end
+def _last(order: np.ndarray, keys: np.ndarray) -> np.ndarray:
+    """Of ``order`` (positions sorted by key, then in order) and its ``keys``: the last
+    position of each distinct key, by key."""
+    if not order.size:
+        return order
+    return order[np.append(keys[1:] != keys[:-1], True)]
 
 
 def apply(
@@ -172,26 +175,31 @@ def apply(
     free_requested before it (CPU traces have only the free: the export adds one)."""
     has_addr = ~c.no_addr
     is_alloc, is_free, is_requested = _ALLOC[c.code], _FREE[c.code], _REQUESTED[c.code]
+    # One sort serves the three below: each takes its events from it, by address, then
+    # in order.
+    by_addr = np.argsort(c.addr, kind="stable")
+
+    def sorted_where(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        order = by_addr[mask[by_addr]]
+        return order, c.addr[order]
+
     # Blocks: what the last alloc or free of each address left.
-    touched = np.flatnonzero((is_alloc | is_free) & has_addr)
-    if touched.size:
-        last = touched[_last(c.addr[touched])]  # by address
+    last = _last(*sorted_where((is_alloc | is_free) & has_addr))
+    if last.size:
         live.update(c.addr[last], is_alloc[last], c.size[last], c.stream[last])
     # Segments, the same way.
     is_grow = _GROW[c.code]
-    touched = np.flatnonzero((is_grow | _SHRINK[c.code]) & has_addr)
-    if touched.size:
-        last = touched[_last(c.addr[touched])]
+    last = _last(*sorted_where((is_grow | _SHRINK[c.code]) & has_addr))
+    if last.size:
         _pop_all(segments, c.addr[last[~is_grow[last]]].tolist())
         grown = last[is_grow[last]]
         sizes = zip(c.size[grown].tolist(), c.stream[grown].tolist(), strict=True)
         segments.update(zip(c.addr[grown].tolist(), sizes, strict=True))
     # Frees requested: a free completes one if the address's previous request or free
     # (in this block, else before it) was a request.
-    touched = np.flatnonzero(is_requested | is_free)
-    if not touched.size:
-        return touched
-    order = touched[np.argsort(c.addr[touched], kind="stable")]  # by address, then in order
+    order, keys = sorted_where(is_requested | is_free)
+    if not order.size:
+        return order
     keys = c.addr[order]
     first = np.ones(len(order), bool)
     first[1:] = keys[1:] != keys[:-1]

@@ -59,21 +59,47 @@ def _layout(
     return np.frombuffer(bytes(out), np.uint8), tuple(holes)
 
 
+# Holes as numpy writes them at once, by width: pickle's K, M, J and 8-byte LONG1 are
+# these little-endian ints; 5 to 7 bytes (LONG1 only) are copied byte by byte.
+_HOLE_DTYPES = {1: "u1", 2: "<u2", 4: "<i4", 8: "<i8"}
+
+
 def appended(spec: Spec, columns: Mapping[str, np.ndarray], n: int) -> bytes:
     """``n`` rows of ``spec`` as opcodes that append them to the list on the unpickler's
-    stack, a thousand per MARK ... APPENDS. Int columns are int64; byte columns uint8."""
+    stack, a thousand per MARK ... APPENDS. Int columns are int64; byte columns uint8.
+
+    The rows are written in place inside the framed batches (one array, copied out once
+    by ``tobytes``), each hole as a field of a structured view of the rows."""
     if not n:
         return b""
     ints = [p[1] for p in spec if not isinstance(p, bytes) and p[0] == "int"]
     template, holes = _layout(spec, tuple(_int_opcode(columns[name]) for name in ints))
-    rows = np.empty((n, len(template)), np.uint8)
-    rows[:] = template
-    for name, at, width in holes:
+    width = len(template)
+    full, rest = divmod(n, BATCH)
+    batches = full + (rest > 0)
+    framed = np.empty((batches, BATCH * width + 2), np.uint8)
+    framed[:, 0], framed[:, -1] = MARK[0], APPENDS[0]
+    cells = framed[:, 1:-1].reshape(batches, BATCH, width)  # a view: rows inside batches
+    cells[:] = template
+    parts = [(cells[:full], slice(0, full * BATCH))]
+    if rest:
+        parts.append((cells[full:, :rest], slice(full * BATCH, n)))
+    for name, at, size in holes:
         column = columns[name]
-        if column.dtype == np.uint8:
-            rows[:, at] = column
-        else:
-            rows[:, at : at + width] = column.astype("<i8").view(np.uint8).reshape(n, 8)[:, :width]
-    data = rows.tobytes()
-    step = BATCH * len(template)
-    return b"".join(MARK + data[i : i + step] + APPENDS for i in range(0, len(data), step))
+        dtype = _HOLE_DTYPES.get(size)
+        for rows, taken in parts:
+            values = column[taken].reshape(rows.shape[:2])
+            if dtype is not None:
+                field = np.dtype(
+                    {"names": ["v"], "formats": [dtype], "offsets": [at], "itemsize": width}
+                )
+                rows.view(field)["v"][..., 0] = values
+            else:
+                as_bytes = values.astype("<i8").view(np.uint8).reshape(*rows.shape[:2], 8)
+                rows[..., at : at + size] = as_bytes[..., :size]
+    data = framed.reshape(-1)
+    if rest:  # the last batch ends after its rows
+        end = full * (BATCH * width + 2) + 1 + rest * width
+        data[end] = APPENDS[0]
+        data = data[: end + 1]
+    return data.tobytes()
