@@ -28,8 +28,8 @@ momentum, a loop that runs out of memory):
 
 Both snapshots go through ``app.snapshots.parse.convert``, as an upload does. Error:
 (vramlab - truth) / max(truth, 1% of the peak), so a category of a few bytes is judged
-against the peak; goals 1% (recorded) and 5% (inferred): BELOW says the error is below
-the goal, MISS that it is not. ``--save DIR`` writes each fixture's two snapshots
+against the peak; goals 1% (recorded) and 5% (inferred): "within" says the error is within
+the goal, MISSED that it is not. ``--save DIR`` writes each fixture's two snapshots
 (gzipped, host paths dropped from frames and argv) and ``truth.json`` (the truth and what vramlab gave) for
 ``tests/snapshots/test_fixtures.py``.
 """
@@ -206,7 +206,7 @@ def rows_of(result: dict[str, Any]) -> list[dict[str, Any]]:
 def verdict(err: float | None, goal: float) -> str:
     if err is None:
         return "-"
-    return "BELOW" if abs(err) <= goal else "MISS"
+    return "within" if abs(err) <= goal else "MISSED"
 
 
 def mib(n: int | None) -> str:
