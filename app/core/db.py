@@ -13,6 +13,7 @@ PostgreSQL needs no lock: its row locks (``FOR UPDATE SKIP LOCKED``) serialise c
 
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,10 +21,15 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.orm import Session, SessionTransaction, sessionmaker
 
 IMMEDIATE = "vramlab_immediate"
+# A PostgreSQL connection back in the pool longer than this is pinged before it is used
+# again: one that was just in use is alive (a ping each checkout was a fifth of a
+# submit's round trips, and the most of what separated one connection's submits from a
+# bare app's).
+IDLE_PING_SECONDS = 1.0
 # A writer of another process (`vramlab token create`, a second `serve`) holding the
 # lock: how long SQLite itself waits for it, in milliseconds.
 SQLITE_BUSY_TIMEOUT_MS = 5_000
@@ -68,10 +74,16 @@ def _prepare_sqlite(engine: Engine) -> None:
 
 
 def make_engine(
-    url: str, *, pool_size: int = 10, max_overflow: int = 20, wait_seconds: float = 5.0
+    url: str,
+    *,
+    pool_size: int = 10,
+    max_overflow: int = 20,
+    wait_seconds: float = 5.0,
+    idle_ping_seconds: float = IDLE_PING_SECONDS,
 ) -> Engine:
     """``pool_size`` + ``max_overflow`` connections at most; a checkout waits
-    ``wait_seconds`` at most (then SQLAlchemy's TimeoutError, answered 503)."""
+    ``wait_seconds`` at most (then SQLAlchemy's TimeoutError, answered 503); a PostgreSQL
+    connection idle ``idle_ping_seconds`` is pinged before it is used again."""
     parsed = make_url(url)
     pool = {"pool_size": pool_size, "max_overflow": max_overflow, "pool_timeout": wait_seconds}
     if parsed.get_backend_name() == "sqlite":
@@ -87,7 +99,32 @@ def make_engine(
     # The API's queries are short, and their latency is what counts: a parallel plan's
     # workers take tens of ms to start on a busy host (a tag filter went from 12 to 46 ms).
     options = {"options": "-c max_parallel_workers_per_gather=0"}
-    return create_engine(url, pool_pre_ping=True, connect_args=options, **pool)
+    engine = create_engine(url, connect_args=options, **pool)
+    _ping_when_idle(engine, idle_ping_seconds)
+    return engine
+
+
+def _ping_when_idle(engine: Engine, idle_seconds: float) -> None:
+    """Ping a connection at checkout if it sat in the pool ``idle_seconds`` or more (or
+    was never used); a dead one is discarded and another taken (the pool retries on
+    DisconnectionError). A connection that died within the window fails its request,
+    which is answered 503, and SQLAlchemy then invalidates the pool's older connections."""
+
+    @event.listens_for(engine, "checkin")
+    def _checked_in(_dbapi_conn: Any, record: Any) -> None:
+        record.info["checked_in"] = time.monotonic()
+
+    @event.listens_for(engine, "checkout")
+    def _checked_out(dbapi_conn: Any, record: Any, _proxy: Any) -> None:
+        since = record.info.get("checked_in")
+        if since is not None and time.monotonic() - since < idle_seconds:
+            return
+        try:
+            alive = engine.dialect.do_ping(dbapi_conn)
+        except Exception as exc:
+            raise DisconnectionError(f"a pooled connection did not answer: {exc}") from exc
+        if not alive:
+            raise DisconnectionError("a pooled connection did not answer")
 
 
 class Database:

@@ -2,6 +2,7 @@
 listing by tag in pages; a sweep queued in one batch; one NOTIFY for a burst of submits."""
 
 import threading
+import time
 from collections.abc import Iterator
 
 import httpx
@@ -9,7 +10,7 @@ import psycopg
 import pytest
 
 from app.core import signals
-from app.core.db import Database
+from app.core.db import IDLE_PING_SECONDS, Database
 from tests.conftest import ENGINES, LiveServer, make_settings
 from tests.helpers import ADD, claim, register, submit
 
@@ -135,3 +136,32 @@ def test_a_burst_of_submits_wakes_the_other_replicas_once(
                     submit(c)
             woken = list(other_replica.notifies(timeout=2.0))
     assert len(woken) == 1, woken
+
+
+def _kill_the_apis_connections(database_url: str) -> int:
+    with psycopg.connect(database_url.replace("postgresql+psycopg", "postgresql")) as conn:
+        rows = conn.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND backend_type = 'client backend'"
+        ).fetchall()
+    return len(rows)
+
+
+def test_a_connection_is_pinged_only_after_it_sat_idle(database_url: str) -> None:
+    """A connection just used is used again without a ping (each ping was a round trip of
+    every request): one killed meanwhile fails that request with a 503, and the pool is
+    renewed for the next. One idle past the window is pinged and replaced: no error."""
+    if not database_url.startswith("postgresql"):
+        pytest.skip("PostgreSQL's pool only (SQLite's connections are files)")
+    url = database_url
+    settings = make_settings(url, db_pool_size=1, db_max_overflow=0)
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=30) as client:
+        assert client.get("/v1/experiments").status_code == 200
+        assert _kill_the_apis_connections(url) >= 1
+        gone = client.get("/v1/experiments")
+        assert gone.status_code == 503 and gone.headers["retry-after"]
+        assert client.get("/v1/experiments").status_code == 200
+        assert _kill_the_apis_connections(url) >= 1
+        time.sleep(IDLE_PING_SECONDS + 0.3)
+        assert client.get("/v1/experiments").status_code == 200
