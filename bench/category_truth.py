@@ -30,7 +30,8 @@ Both snapshots go through ``app.snapshots.parse.convert``, as an upload does. Er
 (vramlab - truth) / max(truth, 1% of the peak), so a category of a few bytes is judged
 against the peak; goals 1% (recorded) and 5% (inferred): "within" says the error is within
 the goal, MISSED that it is not. ``--save DIR`` writes each fixture's two snapshots
-(gzipped, host paths dropped from frames and argv) and ``truth.json`` (the truth and what vramlab gave) for
+(gzipped, host paths dropped from frames and argv) and ``truth.json`` (the truth and what
+vramlab gave) for
 ``tests/snapshots/test_fixtures.py``.
 """
 

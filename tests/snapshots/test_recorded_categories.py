@@ -16,6 +16,15 @@ torch = pytest.importorskip("torch")
 from tests.snapshots.cpu_recording import record  # noqa: E402
 
 RECORDED = ("parameters", "gradients", "optimizer_state")
+# optimizer, set_to_none, micro-batches a step, checkpointing
+LOOPS = [
+    ("adamw", True, 1, ""),
+    ("adamw", False, 1, ""),
+    ("adamw", True, 3, ""),
+    ("sgd", True, 1, ""),
+    ("adamw", True, 1, "reentrant"),
+    ("adamw", True, 1, "non_reentrant"),
+]
 
 
 class Checkpointed(torch.nn.Module):
@@ -61,17 +70,7 @@ def _loop(optimizer: str, set_to_none: bool, micro: int, checkpoint: str = "") -
     return build, train
 
 
-@pytest.mark.parametrize(
-    ("optimizer", "set_to_none", "micro", "checkpoint"),
-    [
-        ("adamw", True, 1, ""),
-        ("adamw", False, 1, ""),
-        ("adamw", True, 3, ""),
-        ("sgd", True, 1, ""),
-        ("adamw", True, 1, "reentrant"),
-        ("adamw", True, 1, "non_reentrant"),
-    ],
-)
+@pytest.mark.parametrize(("optimizer", "set_to_none", "micro", "checkpoint"), LOOPS)
 def test_recorded_categories_are_the_truth_at_the_peak(
     client: httpx.Client, optimizer: str, set_to_none: bool, micro: int, checkpoint: str
 ) -> None:
@@ -113,17 +112,7 @@ def _phased_loop(optimizer: str, set_to_none: bool, micro: int, checkpoint: str)
     return build, train
 
 
-@pytest.mark.parametrize(
-    ("optimizer", "set_to_none", "micro", "checkpoint"),
-    [
-        ("adamw", True, 1, ""),
-        ("adamw", False, 1, ""),
-        ("adamw", True, 3, ""),
-        ("sgd", True, 1, ""),
-        ("adamw", True, 1, "reentrant"),
-        ("adamw", True, 1, "non_reentrant"),
-    ],
-)
+@pytest.mark.parametrize(("optimizer", "set_to_none", "micro", "checkpoint"), LOOPS)
 def test_recorded_phases_make_every_category_the_truth_at_the_peak(
     client: httpx.Client, optimizer: str, set_to_none: bool, micro: int, checkpoint: str
 ) -> None:
