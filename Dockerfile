@@ -41,6 +41,7 @@ RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends binutil
            matplotlib/mpl-data/fonts/ttf/DejaVuSerif* matplotlib/mpl-data/fonts/ttf/cm* \
            matplotlib/mpl-data/fonts/ttf/DejaVuSansMono* matplotlib/backends/web_backend \
            numpy/_core/include numpy/_core/lib \
+           matplotlib/mpl-data/fonts/afm matplotlib/mpl-data/fonts/pdfcorefonts \
  && find /opt/vramlab -name '*.pyi' -delete \
  && find /opt/vramlab -name '__pycache__' -prune -exec rm -rf {} + \
  && find /opt/vramlab -name '*.cpython-*.so' -exec strip --strip-unneeded {} + \
