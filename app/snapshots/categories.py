@@ -161,6 +161,38 @@ A, T, OTH, U = (
 )
 
 
+def workspace(
+    where: int, size: int, fate: Fate, after_workspace: bool = False, after_output: bool = False
+) -> tuple[str, str] | None:
+    """A library workspace's verdict (a temporary, and its evidence), or None where the
+    block shows none: named in C++ frames; kept, a cuBLAS workspace's size, made where
+    matmuls run (or right after its op's output by the same stack); kept, cuBLASLt's 1 MiB
+    right after one by the same op, or made by a recomputed forward and kept past its
+    backward (autograd's thread's). What a recording's phases cannot overrule."""
+    kept = fate.freed is None
+    if where == WORKSPACE:
+        return T, "a library workspace, named in its C++ frames"
+    if not kept:
+        return None
+    if where in (FORWARD, BACKWARD, AUTOGRAD, EMPTY, RECOMPUTE) and size in WORKSPACE_SIZES:
+        return T, f"{size} bytes (a cuBLAS workspace's size), made where matmuls run, never freed"
+    if where == NONE and size in WORKSPACE_SIZES and after_output:
+        return T, (
+            f"{size} bytes (a cuBLAS workspace's size) made right after its op's output by "
+            "the same stack, never freed"
+        )
+    if size != LT_WORKSPACE_SIZE:
+        return None
+    if after_workspace and where in (FORWARD, BACKWARD, RECOMPUTE):
+        return T, "1 MiB made right after a cuBLAS workspace by the same op (cuBLASLt's)"
+    if where == RECOMPUTE and not fate.clock.in_backward:
+        return T, (
+            "1 MiB made in a forward recomputed inside a backward, kept after that "
+            "backward returned (cuBLASLt's workspace of autograd's thread)"
+        )
+    return None
+
+
 def decide(
     where: int,
     seq: int,
@@ -180,25 +212,13 @@ def decide(
     kept = fate.freed is None
     if where == PARAMETER:
         return P, "made while a module was built or moved"
-    if where == WORKSPACE:
-        return T, "a library workspace, named in its C++ frames"
-    if kept and where in (FORWARD, BACKWARD, AUTOGRAD, EMPTY, RECOMPUTE):
-        if size in WORKSPACE_SIZES:
-            return (
-                T,
-                f"{size} bytes (a cuBLAS workspace's size), made where matmuls run, never freed",
-            )
-        if after_workspace and size == LT_WORKSPACE_SIZE:
-            if where in (AUTOGRAD, EMPTY):  # no frames to say it was the same op
-                return U, (
-                    "1 MiB made with no frames right after a cuBLAS workspace, never freed "
-                    "(cuBLASLt's workspace or a gradient)"
-                )
-            return T, "1 MiB made right after a cuBLAS workspace by the same op (cuBLASLt's)"
-    if kept and where == NONE and size in WORKSPACE_SIZES and after_output:
-        return T, (
-            f"{size} bytes (a cuBLAS workspace's size) made right after its op's output by "
-            "the same stack, never freed"
+    found = workspace(where, size, fate, after_workspace, after_output)
+    if found is not None:
+        return found
+    if kept and after_workspace and size == LT_WORKSPACE_SIZE and where in (AUTOGRAD, EMPTY):
+        return U, (  # no frames to say it was the same op
+            "1 MiB made with no frames right after a cuBLAS workspace, never freed "
+            "(cuBLASLt's workspace or a gradient)"
         )
     if fate.zero_grad:
         return G, "freed inside Optimizer.zero_grad"
@@ -232,11 +252,6 @@ def decide(
             return U, (
                 "made in a forward recomputed inside a backward, alive when the trace ended "
                 "inside it (recomputed for it, or a workspace)"
-            )
-        if size == LT_WORKSPACE_SIZE:
-            return T, (
-                "1 MiB made in a forward recomputed inside a backward, kept after that "
-                "backward returned (cuBLASLt's workspace of autograd's thread)"
             )
         return U, "made in a forward recomputed inside a backward, kept after it returned"
     if where == FORWARD:

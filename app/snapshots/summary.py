@@ -83,7 +83,10 @@ def categorise(
             if (
                 phases is not None
                 and not pre
-                and "workspace" not in reason
+                and cat.workspace(
+                    where, size, fate, bseq in walk.after_workspace, bseq in walk.after_output
+                )
+                is None
                 and (recorded is not None or name not in RECORDED)
             ):
                 phase = phases.at(bisect_left(walk.alloc_seqs, bseq))

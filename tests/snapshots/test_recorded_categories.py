@@ -59,12 +59,19 @@ def _loop(optimizer: str, set_to_none: bool, micro: int, checkpoint: str = "") -
             return model, torch.optim.SGD(params, lr=0.01, momentum=0.9)
         return model, torch.optim.AdamW(params)
 
-    def train(model: Any, opt: Any) -> None:
+    def train(model: Any, opt: Any, rec: Any) -> None:
+        """The loop, saying its phase to the recording (``rec.phase``) as it goes."""
         for _ in range(3):
             for _ in range(micro):
+                rec.phase = "outside"
                 x = torch.randn(64, 64 if checkpoint else 256)
-                model(x).square().mean().backward()
+                rec.phase = "forward"  # from the model's call to the backward: the loss too
+                loss = model(x).square().mean()
+                rec.phase = "backward"
+                loss.backward()
+            rec.phase = "step"
             opt.step()
+            rec.phase = "outside"
             opt.zero_grad(set_to_none=set_to_none)
 
     return build, train
@@ -92,26 +99,6 @@ def test_recorded_categories_are_the_truth_at_the_peak(
     assert recorded and all(b["reason"].startswith("recorded: ") for b in recorded)
 
 
-def _phased_loop(optimizer: str, set_to_none: bool, micro: int, checkpoint: str) -> Any:
-    build, _ = _loop(optimizer, set_to_none, micro, checkpoint)
-
-    def train(model: Any, opt: Any, rec: Any) -> None:
-        for _ in range(3):
-            for _ in range(micro):
-                rec.phase = "outside"
-                x = torch.randn(64, 64 if checkpoint else 256)
-                rec.phase = "forward"  # from the model's call to the backward: the loss too
-                loss = model(x).square().mean()
-                rec.phase = "backward"
-                loss.backward()
-            rec.phase = "step"
-            opt.step()
-            rec.phase = "outside"
-            opt.zero_grad(set_to_none=set_to_none)
-
-    return build, train
-
-
 @pytest.mark.parametrize(("optimizer", "set_to_none", "micro", "checkpoint"), LOOPS)
 def test_recorded_phases_make_every_category_the_truth_at_the_peak(
     client: httpx.Client, optimizer: str, set_to_none: bool, micro: int, checkpoint: str
@@ -119,7 +106,7 @@ def test_recorded_phases_make_every_category_the_truth_at_the_peak(
     """With the program's phases recorded, activations, temporaries and other are what
     the program itself says it was doing when each block alive at the peak was made (a
     forward recomputed in a backward for checkpointing: activations), not inference."""
-    snap, truth, marks = record(*_phased_loop(optimizer, set_to_none, micro, checkpoint), True)
+    snap, truth, marks = record(*_loop(optimizer, set_to_none, micro, checkpoint), True)
     assert marks.errors == 0 and snap["vramlab_phases"]["errors"] == 0
     out = imported(client, pickle.dumps(snap), name="cpu loop, phases")
     cats = {c["category"]: c for c in out["categories"]}
@@ -134,7 +121,7 @@ def test_recorded_phases_make_every_category_the_truth_at_the_peak(
 def test_phases_that_cannot_be_tied_to_the_trace_are_not_used(client: httpx.Client) -> None:
     """Allocation counts that go back (the program reset PyTorch's counters) or do not fit
     the trace: the categories are inferred as without phases, and the summary says why."""
-    snap, _, _ = record(*_phased_loop("adamw", True, 1, ""), True)
+    snap, _, _ = record(*_loop("adamw", True, 1, ""), True)
     plain = imported(client, pickle.dumps({k: v for k, v in snap.items() if k != "vramlab_phases"}))
     for change, problem in (
         (lambda p: p["marks"].append(["step_start", 0, 0]), "go back"),
@@ -299,3 +286,47 @@ def test_compare_says_which_categories_were_recorded(client: httpx.Client) -> No
     plain = imported(client, dumps(training_snapshot(iterations=3, layers=2)), name="p")["id"]
     out = client.get("/v1/compare", params={"ids": f"{plain},{big}"}).json()
     assert out["summary"][0].endswith(", 4.0 MiB of it optimizer state (inferred)")
+
+
+def test_phases_decide_a_kept_forward_block_but_not_a_workspace(client: httpx.Client) -> None:
+    """A forward's output still held after a backward began is `unknown` to inference (an
+    output still held, or a workspace); with the phases recorded it is an activation.
+    cuBLAS's 32 MiB workspace, made in the same forward and kept, stays a workspace."""
+    t, base = 1_700_000_000_000_000, 0x7F0000000000
+    forward = [{"filename": "torch/nn/modules/linear.py", "line": 125, "name": "forward"}]
+    backward = [{"filename": "torch/autograd/__init__.py", "line": 350, "name": "backward"}]
+    step = [{"filename": "torch/optim/adam.py", "line": 230, "name": "step"}]
+
+    def entry(action: str, addr: int, size: int, at: int, frames: Any) -> dict[str, Any]:
+        return {"action": action, "addr": addr, "size": size, "stream": 0, "time_us": t + at,
+                "frames": frames}  # fmt: skip
+
+    trace = [
+        entry("alloc", base, 32 * MiB, 0, forward),
+        entry("alloc", base + 32 * MiB, 2 * MiB, 1, forward),
+        entry("alloc", base + 34 * MiB, 4 * MiB, 2, backward),
+        entry("free_requested", base + 34 * MiB, 4 * MiB, 3, backward),
+        entry("free_completed", base + 34 * MiB, 4 * MiB, 3, backward),
+        entry("alloc", base + 38 * MiB, 4 * MiB, 4, step),  # the backward has returned
+        entry("free_requested", base + 38 * MiB, 4 * MiB, 5, step),
+        entry("free_completed", base + 38 * MiB, 4 * MiB, 5, step),
+    ]
+    snap: dict[str, Any] = {"segments": [], "device_traces": [trace]}
+    inferred = {c["category"]: c for c in imported(client, dumps(snap))["categories"]}
+    assert inferred["unknown"]["bytes"] == 2 * MiB  # what the phases settle
+    snap["vramlab_phases"] = {
+        "device": 0,
+        "marks": [
+            ["forward_start", 0, t],
+            ["forward_end", 2, t],
+            ["backward_start", 2, t],
+            ["backward_end", 3, t],
+            ["step_start", 3, t],
+            ["step_end", 4, t],
+        ],
+        "allocations_at_dump": 4,
+    }
+    cats = {c["category"]: c for c in imported(client, dumps(snap))["categories"]}
+    assert cats["activations"]["bytes"] == 2 * MiB and cats["unknown"]["bytes"] == 0
+    assert cats["temporaries"]["bytes"] == 4 * MiB + 32 * MiB
+    assert any("workspace" in r["reason"] for r in cats["temporaries"]["reasons"])
