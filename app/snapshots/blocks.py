@@ -61,13 +61,15 @@ class Blocks:
     def alloc(self, addr: Any, asked: int) -> int:
         """The block an allocation of ``asked`` bytes at ``addr`` took."""
         size = block_size(asked)
-        if type(addr) is not int:
+        if size <= SMALL or type(addr) is not int:
+            # The small pool's segments hold small blocks only, which are always split:
+            # nothing to follow (and most allocations cost nothing here).
             return size
         start = self._segment_of(addr)
         if start is None:
             return size
         seg_size, live = self.segments[start]
-        if self.exact and size > SMALL:
+        if self.exact:
             j = bisect_right(live, addr)
             end = live[j] if j < len(live) else start + seg_size
             unsplit = self.max_split is not None and size >= self.max_split

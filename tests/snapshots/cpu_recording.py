@@ -131,10 +131,10 @@ def record(
     train: Callable[..., None],
     phases: bool = False,
 ) -> tuple[dict[str, Any], dict[str, int], Marks]:
-    """The snapshot of ``train`` (after ``build``, both recorded), with what the hooks
-    noted under ``KEY`` (and with ``phases``, ``phase_marks``' marks, counted by the
-    recording's own allocations; ``train`` is then given the recording too, to say its
-    phase), and the truth at the peak."""
+    """The snapshot of ``train`` (after ``build``, both recorded; ``train`` is given the
+    recording too, to say its phase), with what the hooks noted under ``KEY`` (and with
+    ``phases``, ``phase_marks``' marks, counted by the recording's own allocations), and
+    the truth at the peak."""
     marks = Marks(torch, device_type="cpu")
     marks.install()
     recording = Recording()
@@ -145,10 +145,7 @@ def record(
         with recording:
             recording.parts.extend(build())
             recording.watch(recording.parts[0])
-            if phase_marks_ is not None:
-                train(*recording.parts, recording)
-            else:
-                train(*recording.parts)
+            train(*recording.parts, recording)
         marks.see_all()
     finally:
         marks.uninstall()

@@ -83,30 +83,38 @@ def _beside(name: str) -> Any:
     return module
 
 
-def _marks(torch: Any) -> Any:
-    """``tensor_marks.Marks`` hooked in; None if that fails."""
+def _hooked(what: str, make: Any) -> Any:
+    """``make()``'s hooks installed; None if that fails (the recording goes on, and what
+    they would have recorded, ``what``, is inferred)."""
     try:
-        entries = int(os.environ.get("VRAMLAB_RECORD_MAX_ENTRIES", "0"))
-        module = _beside("tensor_marks")
-        marks = module.Marks(torch, limit=max(10_000, 2 * entries) if entries else 1_000_000)
-        marks.install()
-        return marks
-    except Exception as exc:  # the recording goes on, its categories inferred
-        sys.stderr.write(f"vramlab record: categories will be inferred ({exc})\n")
+        hooks = make()
+        hooks.install()
+        return hooks
+    except Exception as exc:
+        sys.stderr.write(f"vramlab record: {what} will be inferred ({exc})\n")
         return None
+
+
+def _marks(torch: Any) -> Any:
+    """``tensor_marks.Marks``: parameters, gradients and optimizer state by identity."""
+
+    def make() -> Any:
+        entries = int(os.environ.get("VRAMLAB_RECORD_MAX_ENTRIES", "0"))
+        limit = max(10_000, 2 * entries) if entries else 1_000_000
+        return _beside("tensor_marks").Marks(torch, limit=limit)
+
+    return _hooked("categories", make)
 
 
 def _phases(torch: Any) -> Any:
-    """``phase_marks.Phases`` on the current device, hooked in; None if that fails."""
-    try:
+    """``phase_marks.Phases`` on the current device."""
+
+    def make() -> Any:
         module = _beside("phase_marks")
         device = int(torch.cuda.current_device())
-        phases = module.Phases(torch, module.allocations_counter(torch, device), device)
-        phases.install()
-        return phases
-    except Exception as exc:  # the recording goes on, those categories inferred
-        sys.stderr.write(f"vramlab record: phases will be inferred ({exc})\n")
-        return None
+        return module.Phases(torch, module.allocations_counter(torch, device), device)
+
+    return _hooked("phases", make)
 
 
 def _start(out: str) -> None:
