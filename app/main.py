@@ -19,7 +19,7 @@ from app.access import tokens as auth
 from app.api import docs, health
 from app.api.body_limit import BodyLimit
 from app.api.edge import Edge
-from app.api.metrics import QueueCollector, claim_looks
+from app.api.metrics import BatchCalls, QueueCollector, claim_looks
 from app.api.openapi import TAGS, operation_id
 from app.catalog import endpoints as catalog
 from app.compare import endpoints as compare
@@ -146,6 +146,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = CollectorRegistry(auto_describe=False)
     app.state.metrics.register(QueueCollector(app.state.db, settings, lambda: app.state.clock()))
     app.state.claim_looks = claim_looks(app.state.metrics)
+    app.state.batch_calls = BatchCalls(app.state.metrics)
     errors.install(app)
     app.add_middleware(
         BodyLimit,

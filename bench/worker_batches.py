@@ -30,6 +30,7 @@ targets (>= 200 a second on one GPU; a 1,000-point sweep in <= 10 s) are marked 
 import argparse
 import os
 import pstats
+import re
 import sys
 import tempfile
 import time
@@ -117,6 +118,17 @@ def _api_cpu_seconds() -> float:
     return total
 
 
+def _batch_calls(client: httpx.Client) -> dict[str, tuple[float, float]]:
+    """The API's claims that took work and its batch reports so far: (requests, experiments)
+    by call, from /metrics."""
+    text = client.get("/metrics").text
+    found: dict[str, list[float]] = {}
+    for name, index in (("vramlab_batch_calls_total", 0), ("vramlab_batch_experiments_total", 1)):
+        for call, value in re.findall(rf'^{name}\{{call="(\w+)"\}} (\S+)$', text, re.M):
+            found.setdefault(call, [0.0, 0.0])[index] = float(value)
+    return {call: (v[0], v[1]) for call, v in found.items()}
+
+
 def _listed(client: httpx.Client, tag: str) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
     cursor = None
@@ -148,7 +160,15 @@ def _shape(i: int) -> list[int]:
 class Run:
     """One measured run: its rate, wall time, API CPU and every point's figures."""
 
-    def __init__(self, n: int, wall_s: float, span_s: float, api_ms: float, figures: Any):
+    def __init__(
+        self,
+        n: int,
+        wall_s: float,
+        span_s: float,
+        api_ms: float,
+        figures: Any,
+        calls: dict[str, float],
+    ):
         self.n, self.wall_s, self.span_s, self.api_ms, self.figures = (
             n,
             wall_s,
@@ -156,6 +176,8 @@ class Run:
             api_ms,
             figures,
         )
+        # Experiments a claim took, and a batch report carried, on average.
+        self.calls = calls
 
     @property
     def rate(self) -> float:
@@ -167,6 +189,7 @@ def sweep(client: httpx.Client, n: int, spec: dict[str, Any], submit: str) -> Ru
     run_to_end(client, spec)  # the shared processes start: not counted
     tag = f"sweep-{uuid.uuid4().hex[:8]}"
     body = {**spec, "tags": [tag]}
+    calls_before = _batch_calls(client)
     cpu_before = _api_cpu_seconds()
     started = time.perf_counter()
     if submit == "sweep":
@@ -202,7 +225,13 @@ def sweep(client: httpx.Client, n: int, spec: dict[str, Any], submit: str) -> Ru
         )
         for e in items
     }
-    return Run(n, wall, last - first, (cpu_after - cpu_before) * 1000 / n, figures)
+    calls_after = _batch_calls(client)
+    carried = {}
+    for call, (requests, experiments) in calls_after.items():
+        before = calls_before.get(call, (0.0, 0.0))
+        made = requests - before[0]
+        carried[call] = (experiments - before[1]) / made if made else 0.0
+    return Run(n, wall, last - first, (cpu_after - cpu_before) * 1000 / n, figures, carried)
 
 
 def reference_loop(n: int, device: str, submit: str) -> float:
@@ -252,6 +281,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=2)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--modes", default=None, help="worker --batch values (default 1,BATCH)")
+    parser.add_argument(
+        "--pace",
+        default=None,
+        help="worker --pace-ms values to run each batch mode with (default: the worker's own)",
+    )
     parser.add_argument("--engines", default="sqlite,postgres")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--submit", default="posts", choices=("posts", "sweep"))
@@ -261,15 +295,21 @@ def main() -> None:
     spec = {**SPEC, "device": args.device}
     engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     batches = (args.modes or f"1,{args.batch}").split(",")
-    modes = [
-        ("single claims (--batch 1)" if b == "1" else f"batches (--batch {b})", b) for b in batches
-    ]
+    paces = args.pace.split(",") if args.pace else [None]
+    modes: list[tuple[str, list[str]]] = []
+    for b in batches:
+        if b == "1":
+            modes.append(("single claims (--batch 1)", ["--batch", "1"]))
+            continue
+        for pace in paces:
+            label = f"batches (--batch {b}" + (f" --pace-ms {pace})" if pace else ")")
+            modes.append((label, ["--batch", b] + (["--pace-ms", pace] if pace else [])))
     reference = reference_loop(args.n, args.device, args.submit) if args.reference else None
     rows: list[tuple[str, str, Run, bool]] = []
     for engine in engines:
         seen: set[Any] | None = None
-        for label, batch in modes:
-            worker_args = ["--concurrency", str(args.concurrency), "--batch", batch]
+        for label, mode_args in modes:
+            worker_args = ["--concurrency", str(args.concurrency), *mode_args]
             with (
                 database(engine) as url,
                 running_service(args.device, worker_args=worker_args, database_url=url) as client,
@@ -280,7 +320,8 @@ def main() -> None:
             rows.append((engine, label, run, same))
             print(
                 f"{engine}, {label}: {run.rate:.1f}/s, {run.wall_s:.2f} s submit to last result "
-                f"seen, API {run.api_ms:.2f} ms an experiment",
+                f"seen, API {run.api_ms:.2f} ms an experiment, experiments a claim "
+                f"{run.calls.get('claim', 0):.1f}, a batch report {run.calls.get('report', 0):.1f}",
                 flush=True,
             )
     how = "one sweep of N shapes" if args.submit == "sweep" else "N POSTs"
@@ -291,8 +332,8 @@ def main() -> None:
     if reference is not None:
         print(f"reference: the same op in a loop in one process: {reference:.0f}/s")
     print(
-        f"{'database':<9} {'worker':<26} {'exp/s':>7} {'x':>6} {'wall s':>7} {'API ms/exp':>11}"
-        "  figures"
+        f"{'database':<9} {'worker':<38} {'exp/s':>7} {'x':>6} {'wall s':>7} {'API ms/exp':>11}"
+        f" {'a claim':>8} {'a report':>9}  figures"
     )
     for engine in engines:
         mine = [r for r in rows if r[0] == engine]
@@ -304,8 +345,9 @@ def main() -> None:
             if args.submit == "sweep" and args.n >= 1000 and run.wall_s > TARGET_SWEEP_S:
                 marks.append(f"BELOW: sweep over {TARGET_SWEEP_S:.0f} s")
             print(
-                f"{engine:<9} {label:<26} {run.rate:7.1f} {run.rate / base:6.2f} "
-                f"{run.wall_s:7.2f} {run.api_ms:11.2f}  "
+                f"{engine:<9} {label:<38} {run.rate:7.1f} {run.rate / base:6.2f} "
+                f"{run.wall_s:7.2f} {run.api_ms:11.2f} {run.calls.get('claim', 0):8.1f} "
+                f"{run.calls.get('report', 0):9.1f}  "
                 f"{'equal to the first mode' if same else 'DIFFER'}  {' '.join(marks)}"
             )
     if reference is not None:
@@ -314,10 +356,10 @@ def main() -> None:
     if args.no_profile:
         return
     for engine in engines:
-        for label, batch in modes:
+        for label, mode_args in modes:
             out = Path(tempfile.mkdtemp(prefix="vramlab-prof-")) / "api.prof"
             serve = [sys.executable, str(ROOT / "bench" / "profiled_serve.py"), str(out)]
-            worker_args = ["--concurrency", str(args.concurrency), "--batch", batch]
+            worker_args = ["--concurrency", str(args.concurrency), *mode_args]
             with database(engine) as url:
                 with running_service(
                     args.device, worker_args=worker_args, database_url=url, serve=serve

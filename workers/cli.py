@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from vramlab.contract import MAX_CLAIM_BATCH
+from workers.pacing import PACE_S
 
 log = logging.getLogger("vramlab.worker")
 # What a worker cannot run a single experiment without (the `worker` extra).
@@ -70,6 +71,18 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
         "(default 16)",
     )
     p.add_argument(
+        "--pace-ms",
+        type=int,
+        default=round(PACE_S * 1000),
+        choices=range(0, 1001),
+        metavar="MS",
+        help="under a stream of short experiments, the least time between the loops' claims "
+        "after one that emptied the queue, and between their reports, so that experiments "
+        "arriving one by one are claimed and reported several at a time; a lone experiment "
+        f"never waits for it. 0: every loop claims and reports on its own (default "
+        f"{round(PACE_S * 1000)})",
+    )
+    p.add_argument(
         "--cold",
         action="store_true",
         help="no warm spare children: fork each experiment's child when it is claimed",
@@ -86,6 +99,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from workers.client import ApiClient, Refused
     from workers.crew import install_signal_handlers, run_all
     from workers.loop import WorkerLoop
+    from workers.pacing import ClaimTurns, ReportGroup
     from workers.runner import Runner
 
     logging.getLogger("httpx").setLevel(logging.INFO if args.verbose else logging.WARNING)
@@ -100,6 +114,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     )
     clients = [ApiClient(args.api, token=token) for _ in range(args.concurrency)]
     name = args.name or socket.gethostname()
+    paced = args.pace_ms > 0 and args.batch > 1
+    turns = ClaimTurns(args.pace_ms / 1000) if paced else None
+    group = ReportGroup(args.pace_ms / 1000) if paced and args.concurrency > 1 else None
     loops = [
         WorkerLoop(
             client,
@@ -107,6 +124,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
             name=name if args.concurrency == 1 else f"{name}/{i}",
             max_experiments=args.max_experiments,
             batch=args.batch,
+            turns=turns,
+            group=group,
         )
         for i, client in enumerate(clients)
     ]

@@ -40,6 +40,7 @@ from workers.claim_poll import ClaimPoll
 from workers.client import STOP_POLL_S, Refused, UnknownWorker, with_retry
 from workers.leases import Lease, beat_many, beat_one
 from workers.outcome import REPORT_OVERHEAD_BYTES, Limits, refused
+from workers.pacing import PACE_BELOW_S, ClaimTurns, Pending, ReportGroup
 from workers.reporter import Reporter
 from workers.seams import ClientLike, RunnerLike
 
@@ -62,6 +63,8 @@ class WorkerLoop:
         wait_s: float = 20.0,
         max_experiments: int | None = None,
         batch: int = 1,
+        turns: ClaimTurns | None = None,
+        group: ReportGroup | None = None,
     ) -> None:
         self.client = client
         self.runner = runner
@@ -80,6 +83,10 @@ class WorkerLoop:
         self.heartbeat_seconds = 10.0
         self.reporter = Reporter(client)
         self.capabilities: dict[str, Any] = {}
+        # Shared by a crew's loops (workers/pacing.py): claims of short experiments take
+        # turns, and outcomes ready together go in one report. None: each on its own.
+        self.turns = turns
+        self.group = group
 
     @property
     def limits(self) -> Limits:
@@ -174,6 +181,14 @@ class WorkerLoop:
             if self.batch == 1:
                 one = self.client.claim(worker_id, self.wait_s)
                 return [] if one is None else [one]
+            turns = self.turns
+            short = self.estimate_s is not None and self.estimate_s < PACE_BELOW_S
+            if turns is not None and short:
+                return turns.take(
+                    lambda m: self.client.claim_many(worker_id, self.wait_s, m),
+                    most,
+                    self.stopping.is_set,
+                )
             return self.client.claim_many(worker_id, self.wait_s, most)
 
         def late(claimed: list[dict[str, Any]]) -> None:
@@ -256,6 +271,12 @@ class WorkerLoop:
             shutil.rmtree(work_dir, ignore_errors=True)
 
     # -- a batch -----------------------------------------------------------------
+    def _report(self, pending: Pending) -> None:
+        if self.group is None:
+            self.reporter.report_many(pending)
+        else:
+            self.group.send(self.reporter.report_many, pending, self.limits.max_body_bytes)
+
     def execute_batch(self, claimed: list[dict[str, Any]]) -> int:
         """Run a claim's experiments one after another, reporting their outcomes a few at
         a time; returns how many ran (a signal gives back those not started)."""
@@ -291,18 +312,18 @@ class WorkerLoop:
                     size + body_size > self.limits.max_body_bytes
                     or len(pending) >= MAX_REPORT_BATCH
                 ):
-                    self.reporter.report_many(pending)
+                    self._report(pending)
                     pending, size = [], 0
                 if not pending:
                     since = time.monotonic()
                 pending.append((lease, body))
                 size += body_size
                 if time.monotonic() - since >= REPORT_EVERY_S:
-                    self.reporter.report_many(pending)
+                    self._report(pending)
                     pending, size = [], 0
                 self._took(time.monotonic() - start)
             if pending:
-                self.reporter.report_many(pending)
+                self._report(pending)
                 pending = []
         finally:
             for lease, body in pending:  # an error left them unsent: one at a time

@@ -1,9 +1,10 @@
 """Prometheus metrics, read from the database at scrape time.
 
 The queue lives in the database, so its gauges are counted there on each scrape: every
-API replica reports the same figures. One counter is this process's own: the claims'
+API replica reports the same figures. The counters are this process's own: the claims'
 looks for work, by whether they found any (a look that finds nothing is a transaction
-that took the database, and SQLite's write slot, for nothing).
+that took the database, and SQLite's write slot, for nothing), and the claims and batch
+reports with the experiments each carried.
 """
 
 from collections.abc import Callable, Iterator
@@ -72,3 +73,27 @@ def claim_looks(registry: CollectorRegistry) -> Counter:
         labelnames=["found"],
         registry=registry,
     )
+
+
+class BatchCalls:
+    """This process's claims that took work and its batch reports: requests, and the
+    experiments they carried (their ratio is how many a call carried: what a worker's
+    pacing is for)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.calls = Counter(
+            "vramlab_batch_calls",
+            "Claims that took work and batch reports, by call",
+            labelnames=["call"],
+            registry=registry,
+        )
+        self.experiments = Counter(
+            "vramlab_batch_experiments",
+            "Experiments carried by claims and batch reports, by call",
+            labelnames=["call"],
+            registry=registry,
+        )
+
+    def count(self, call: str, experiments: int) -> None:
+        self.calls.labels(call=call).inc()
+        self.experiments.labels(call=call).inc(experiments)

@@ -151,6 +151,8 @@ async def _long_poll(
                 return []
             claimed = await run_in_threadpool(_try_claim, db, req.worker_id, settings, clock, limit)
             request.app.state.claim_looks.labels(found=str(bool(claimed)).lower()).inc()
+            if claimed:
+                request.app.state.batch_calls.count("claim", len(claimed))
             unused_wake = False
             if claimed and gone.done():
                 # The worker left while this claim waited for the database: nobody would
@@ -324,9 +326,10 @@ def result(
     dependencies=WORKER,
 )
 def report_batch(
-    req: ReportBatchRequest, s: SessionDep, now: NowDep, who: PrincipalDep
+    req: ReportBatchRequest, s: SessionDep, now: NowDep, who: PrincipalDep, request: Request
 ) -> ReportBatchResponse:
     verdicts = queue.finish_many(s, req.results, who, now)
+    request.app.state.batch_calls.count("report", len(req.results))
     return ReportBatchResponse(
         results=[
             ReportItemVerdict(
