@@ -4,7 +4,7 @@ side by side in one run, on SQLite and on PostgreSQL, with API time per experime
     python bench/worker_batches.py [-n 400] [--concurrency 2] [--batch 16]
                                    [--engines sqlite,postgres] [--no-profile]
                                    [--device cpu|cuda] [--submit posts|sweep]
-                                   [--modes 1,16] [--reference]
+                                   [--modes 1,16] [--pace 0,20] [--reference]
 
 For each database (a temporary SQLite file; a temporary database on the PostgreSQL at
 VRAMLAB_BENCH_POSTGRES_URL, default postgresql://postgres@127.0.0.1:5432/postgres) and
@@ -18,6 +18,10 @@ client's polling, all of it) and whether every result's allocator figures are eq
 the single-claim run's. Then, unless --no-profile, it runs each engine's batch setting
 again with the API under cProfile (bench/profiled_serve.py: every thread, timed by its
 CPU time) and prints where the API's time went, per experiment, by layer and by function.
+
+``--pace 0,20`` runs each batch mode once with each worker ``--pace-ms`` given (0: each
+loop claims and reports on its own). Beside each rate it prints how many experiments a
+claim took and a batch report carried on average (the API's /metrics counters).
 
 ``--submit sweep`` submits one sweep of N points (a grid of N shapes, one POST) instead of
 N POSTs, and times it from the POST to the last result seen by the client: the issue's
