@@ -98,9 +98,6 @@ class ReportGroup:
         self._waiting: list[_Ticket] = []
         self._sending = False
         self._last = float("-inf")
-        # Requests sent and outcomes they carried (what the pacing saved is their ratio).
-        self.requests = 0
-        self.outcomes = 0
 
     def send(self, send: Callable[[Pending], None], pending: Pending, max_body_bytes: int) -> None:
         """Report ``pending`` (with ``send``, a Reporter's report_many) together with what
@@ -127,8 +124,6 @@ class ReportGroup:
         error: BaseException | None = None
         try:
             for part in _parts(batch, ticket.max_body_bytes):
-                self.requests += 1
-                self.outcomes += len(part)
                 ticket.send(part)
         except BaseException as exc:  # each loop of the batch sees it, as if it had sent
             error = exc
