@@ -258,9 +258,10 @@ def _chunk_data(session: Session, experiment_id: str, seq: int) -> bytes:
     return bytes(data)
 
 
-def _chunk_text(session: Session, experiment_id: str, seq: int, piece: int) -> Iterator[bytes]:
+def inflate(data: bytes, piece: int) -> Iterator[bytes]:
+    """A stored chunk's text in pieces of ``piece`` bytes (the last one shorter): with the
+    whole chunk given, ISA-L fills each piece before it returns it, as zlib does."""
     decoder = isal_zlib.decompressobj(wbits=31)
-    data = _chunk_data(session, experiment_id, seq)
     while data:
         out = decoder.decompress(data, piece)
         data = decoder.unconsumed_tail
@@ -275,10 +276,10 @@ def iter_ndjson(session: Session, experiment_id: str, piece: int = 2**20) -> Ite
     event is parsed or encoded again, and one chunk at a time is held. ISA-L inflates the
     same pieces as zlib in a third of the CPU time (docs/design.md, trace exports)."""
     for seq in _chunk_seqs(session, experiment_id):
-        yield from _chunk_text(session, experiment_id, seq, piece)
+        yield from inflate(_chunk_data(session, experiment_id, seq), piece)
 
 
-class _Blocks:
+class LineBlocks:
     """Pieces of text cut after their last newline: what is left waits for the next."""
 
     def __init__(self) -> None:
@@ -303,7 +304,7 @@ def iter_line_blocks(
 ) -> Generator[bytes, None, None]:
     """The stored NDJSON in blocks of whole lines (about ``piece`` bytes each, one line
     more where a line is longer): what ``iter_ndjson`` yields, cut after a newline."""
-    blocks = _Blocks()
+    blocks = LineBlocks()
     yield from blocks.cut(iter_ndjson(session, experiment_id, piece))
     blocks.end()
 
@@ -314,7 +315,7 @@ def iter_viz_blocks(
     """``iter_line_blocks``' blocks for the memory_viz export, a chunk's as the columns
     kept when it was uploaded where it has them (the same blocks, not decoded again),
     else as text."""
-    blocks = _Blocks()
+    blocks = LineBlocks()
     for seq in _chunk_seqs(session, experiment_id):
         stored = session.scalar(
             select(TraceChunk.event_columns).where(
@@ -325,7 +326,7 @@ def iter_viz_blocks(
         if columns is not None and not blocks.rest:
             yield from columns
         else:
-            yield from blocks.cut(_chunk_text(session, experiment_id, seq, piece))
+            yield from blocks.cut(inflate(_chunk_data(session, experiment_id, seq), piece))
     blocks.end()
 
 
