@@ -11,8 +11,10 @@ very blocks the text would have given, as columns.
 
 Stored as one zlib stream: a header (the block size the cuts were made for, the events,
 the blocks), the lines in each block, then each column in the narrowest little-endian
-int that holds it. A chunk holds at most ``MAX_TRACE_CHUNK_EVENTS`` events, so its
-columns are at most a few MiB; the export makes one block's arrays at a time from them.
+int that holds it, the times as steps from the one before (a third smaller in all: 4.6
+MB for the bench's million events, beside 14.4 MB of gzip text). A chunk holds at most
+``MAX_TRACE_CHUNK_EVENTS`` events, so its columns are at most a few MiB; the export
+makes one block's arrays at a time from them.
 """
 
 import struct
@@ -55,6 +57,7 @@ def pack(parts: Sequence[Columns], line_lengths: np.ndarray, piece: int = PIECE)
     out.append(code.astype(np.int8).tobytes())
     if flags & _NO_ADDR:
         out.append(no_addr.tobytes())
+    column["time"] = np.diff(column["time"], prepend=0)  # times grow: small steps
     for name in _INTS:
         values = column[name]
         low, high = (int(values.min()), int(values.max())) if values.size else (0, 0)
@@ -91,6 +94,7 @@ def _blocks(data: memoryview, n: int, n_blocks: int, flags: int) -> Iterator[Col
         dtype = _DTYPES[bytes(data[at : at + 1])]
         stored[name] = np.frombuffer(data, dtype, n, at + 1)
         at += 1 + n * dtype.itemsize
+    stored["time"] = np.cumsum(stored["time"], dtype=np.int64)
     start = 0
     for count in counts.tolist():
         end = start + count
