@@ -8,7 +8,8 @@ Starts `vramlab serve` on a temporary SQLite file, registers as a worker, claims
 experiment and uploads the trace in gzip NDJSON chunks, then streams `ndjson`,
 `memory_viz` and `chrome` exports. Prints, per format, the bytes, the time, MB/s of the
 export, MB/s of the trace (its NDJSON size over the time) and the API process's resident
-memory at its highest during the export against before it; beside each export, the
+memory at its highest during the export against before it, and the CPU seconds (user +
+system) the API process spent on it (and on the upload, a chunk); beside each export, the
 reference measured in the same round: the stored chunks read from the database file and
 gunzipped in this process (what any export must at least do), as MB/s of the trace. The
 summary gives medians over ``--repeat`` rounds, each export's MB/s over the reference's,
@@ -16,9 +17,11 @@ and whether it meets the issue's target (MB/s of the export: ndjson and memory_v
 chrome >= 20), saying so when it does not.
 
 `--baseline DIR` (another checkout of vramlab, e.g. the main branch) starts a second
-`vramlab serve` from DIR on the same database file and streams each format from both in
-turn, `--repeat` times, so the two are measured side by side under the same load; it
-prints the baseline's time over ours for each format (the median of the repeats).
+`vramlab serve` from DIR on the same database file (with `--no-migrate`: ours migrated it,
+to a revision DIR may not know) and streams each format from both in turn, `--repeat`
+times, so the two are measured side by side under the same load; it prints the
+baseline's time over ours for each format (the median of the repeats), and its MB/s and
+CPU. `--format` measures only the formats named.
 """
 
 import argparse
