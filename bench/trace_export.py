@@ -2,12 +2,14 @@
 worker protocol (PUT trace chunks, as a worker does), then read back in every format.
 
     python bench/trace_export.py [--events 1000000] [--chunk 50000] [--baseline DIR]
+        [--repeat N] [--format memory_viz ...]
 
 Starts `vramlab serve` on a temporary SQLite file, registers as a worker, claims one
 experiment and uploads the trace in gzip NDJSON chunks, then streams `ndjson`,
 `memory_viz` and `chrome` exports. Prints, per format, the bytes, the time, MB/s of the
 export, MB/s of the trace (its NDJSON size over the time) and the API process's resident
-memory at its highest during the export against before it; beside each export, the
+memory at its highest during the export against before it, and the CPU seconds (user +
+system) the API process spent on it (and on the upload, a chunk); beside each export, the
 reference measured in the same round: the stored chunks read from the database file and
 gunzipped in this process (what any export must at least do), as MB/s of the trace. The
 summary gives medians over ``--repeat`` rounds, each export's MB/s over the reference's,
@@ -15,9 +17,11 @@ and whether it meets the issue's target (MB/s of the export: ndjson and memory_v
 chrome >= 20), saying so when it does not.
 
 `--baseline DIR` (another checkout of vramlab, e.g. the main branch) starts a second
-`vramlab serve` from DIR on the same database file and streams each format from both in
-turn, `--repeat` times, so the two are measured side by side under the same load; it
-prints the baseline's time over ours for each format (the median of the repeats).
+`vramlab serve` from DIR on the same database file (with `--no-migrate`: ours migrated it,
+to a revision DIR may not know) and streams each format from both in turn, `--repeat`
+times, so the two are measured side by side under the same load; it prints the
+baseline's time over ours for each format (the median of the repeats), and its MB/s and
+CPU. `--format` measures only the formats named.
 """
 
 import argparse
@@ -109,6 +113,7 @@ class PeakRss:
         self._stop = threading.Event()
 
     def __enter__(self) -> "PeakRss":
+        self.cpu = _cpu(self.proc)
         self.before = self.proc.memory_info().rss
         self.peak = self.before
         self._thread = threading.Thread(target=self._sample, daemon=True)
@@ -122,6 +127,12 @@ class PeakRss:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
+        self.cpu = _cpu(self.proc) - self.cpu  # seconds of CPU (user + system) inside
+
+
+def _cpu(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return float(times.user + times.system)
 
 
 def main() -> None:
@@ -132,24 +143,32 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=50_000)
     parser.add_argument("--baseline", type=Path, default=None, help="a vramlab checkout")
     parser.add_argument("--repeat", type=int, default=1, help="exports of each format")
+    parser.add_argument(
+        "--format",
+        action="append",
+        choices=sorted(TARGETS),
+        help="only this format (repeatable; all when not given)",
+    )
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="vramlab-bench-"))
     database = f"sqlite:///{tmp / 'bench.db'}"
     with ExitStack() as stack:
         ours = stack.enter_context(_serve(ROOT, database, tmp / "api.log"))
         servers = {"ours": ours}
-        upload = _upload(ours[0], args.events, args.chunk)
+        upload = _upload(*ours, args.events, args.chunk)
         if args.baseline is not None:
-            base = _serve(args.baseline.resolve(), database, tmp / "baseline.log")
+            # Ours migrated the database: the baseline may not know its newest revision.
+            base = _serve(args.baseline.resolve(), database, tmp / "baseline.log", migrate=False)
             servers["baseline"] = stack.enter_context(base)
-        measure(servers, *upload, args.repeat, tmp / "bench.db")
+        formats = args.format or ["ndjson", "memory_viz", "chrome"]
+        measure(servers, *upload, args.repeat, tmp / "bench.db", formats)
 
 
 class _serve:
     """``vramlab serve`` from the checkout ``root`` on ``database``: (client, pid)."""
 
-    def __init__(self, root: Path, database: str, log: Path) -> None:
-        self.root, self.database, self.log = root, database, log
+    def __init__(self, root: Path, database: str, log: Path, migrate: bool = True) -> None:
+        self.root, self.database, self.log, self.migrate = root, database, log, migrate
 
     def __enter__(self) -> tuple[httpx.Client, int]:
         port = _free_port()
@@ -164,7 +183,7 @@ class _serve:
         }
         cli = [sys.executable, "-m", "app.cli", "serve", "--port", str(port)]
         self.api = subprocess.Popen(
-            [*cli, "--log-level", "warning"],
+            [*cli, "--log-level", "warning", *([] if self.migrate else ["--no-migrate"])],
             env=env,
             cwd=self.root,
             stdout=self.log.open("wb"),
@@ -188,7 +207,7 @@ class _serve:
         self.api.wait(timeout=60)
 
 
-def _upload(client: httpx.Client, n_events: int, chunk: int) -> tuple[str, int]:
+def _upload(client: httpx.Client, pid: int, n_events: int, chunk: int) -> tuple[str, int]:
     """Queue, claim and upload the synthetic trace as a worker does: (experiment, bytes)."""
     client.post("/v1/experiments", json=SPEC).raise_for_status()
     reply = client.post(
@@ -200,7 +219,8 @@ def _upload(client: httpx.Client, n_events: int, chunk: int) -> tuple[str, int]:
     ).json()
     exp_id, token = claimed["id"], claimed["lease_token"]
     events = synthetic(n_events)
-    ndjson_bytes, upload_s, seq = 0, 0.0, 0
+    ndjson_bytes, upload_s, upload_cpu, seq = 0, 0.0, 0.0, 0
+    api = psutil.Process(pid)
     while True:
         lines = [
             json.dumps(e, separators=(",", ":")).encode() for e in itertools.islice(events, chunk)
@@ -210,13 +230,14 @@ def _upload(client: httpx.Client, n_events: int, chunk: int) -> tuple[str, int]:
         text = b"\n".join(lines) + b"\n"
         ndjson_bytes += len(text)
         body = gzip.compress(text, compresslevel=6)
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), _cpu(api)
         response = client.put(
             f"/v1/worker/experiments/{exp_id}/trace/{seq}",
             content=body,
             headers={"X-Lease-Token": token, "Content-Type": "application/gzip"},
         )
         upload_s += time.perf_counter() - started
+        upload_cpu += _cpu(api) - cpu
         response.raise_for_status()
         seq += 1
     result = {"memory": dict.fromkeys(MEMORY_KEYS, 0)}
@@ -231,7 +252,8 @@ def _upload(client: httpx.Client, n_events: int, chunk: int) -> tuple[str, int]:
     ).raise_for_status()
     print(
         f"\ntrace: {n_events:,} events, {ndjson_bytes / 1e6:.1f} MB of NDJSON in {seq} chunks; "
-        f"uploaded in {upload_s:.1f} s of API time ({ndjson_bytes / 1e6 / upload_s:.1f} MB/s)"
+        f"uploaded in {upload_s:.1f} s of API time ({ndjson_bytes / 1e6 / upload_s:.1f} MB/s), "
+        f"{upload_cpu:.2f} s of API CPU ({upload_cpu / seq * 1000:.0f} ms a chunk)"
     )
     return exp_id, ndjson_bytes
 
@@ -245,13 +267,15 @@ def measure(
     ndjson_bytes: int,
     repeat: int,
     database: Path,
+    formats: list[str],
 ) -> None:
     print(
         f"{'format':<11} {'server':<9} {'MB':>8} {'s':>7} {'MB/s':>7} {'trace MB/s':>11} "
-        f"{'API RSS MB':>16} {'gunzip MB/s':>12}"
+        f"{'API RSS MB':>16} {'gunzip MB/s':>12} {'API CPU s':>10}"
     )
-    for fmt in ("ndjson", "memory_viz", "chrome"):
+    for fmt in formats:
         times: dict[str, list[float]] = {name: [] for name in servers}
+        cpus: dict[str, list[float]] = {name: [] for name in servers}
         refs: list[float] = []
         peaks: list[float] = []
         befores: list[float] = []
@@ -262,6 +286,7 @@ def measure(
                 refs.append(ref)
                 size, elapsed, rss = _export(client, pid, exp_id, fmt)
                 times[name].append(elapsed)
+                cpus[name].append(rss.cpu)
                 if name == "ours":
                     peaks.append(rss.peak / 1e6)
                     befores.append(rss.before / 1e6)
@@ -269,7 +294,7 @@ def measure(
                     f"{fmt:<11} {name:<9} {size / 1e6:8.1f} {elapsed:7.2f} "
                     f"{size / 1e6 / elapsed:7.1f} {ndjson_bytes / 1e6 / elapsed:11.1f} "
                     f"{rss.before / 1e6:7.0f} -> {rss.peak / 1e6:5.0f} "
-                    f"{ndjson_bytes / 1e6 / ref:12.1f}"
+                    f"{ndjson_bytes / 1e6 / ref:12.1f} {rss.cpu:10.2f}"
                 )
         took = statistics.median(times["ours"])
         mbs, ref_mbs = size / 1e6 / took, ndjson_bytes / 1e6 / statistics.median(refs)
@@ -278,13 +303,20 @@ def measure(
             f"{fmt:<11} median {took:.2f} s, {mbs:.1f} MB/s of the export "
             f"({ndjson_bytes / 1e6 / took:.1f} of the trace); gunzip reference "
             f"{ref_mbs:.1f} MB/s of the trace: trace MB/s / reference "
-            f"{ndjson_bytes / 1e6 / took / ref_mbs:.2f}; API RSS "
+            f"{ndjson_bytes / 1e6 / took / ref_mbs:.2f}; API CPU "
+            f"{statistics.median(cpus['ours']):.2f} s; API RSS "
             f"{statistics.median(befores):.0f} -> {max(peaks):.0f} MB at most; "
             f"{verdict} its target of {TARGETS[fmt]:.0f} MB/s"
         )
         if "baseline" in times:
             ratio = statistics.median(times["baseline"]) / took
-            print(f"{fmt:<11} baseline time / ours: {ratio:.2f}x")
+            base_cpu = statistics.median(cpus["baseline"])
+            print(
+                f"{fmt:<11} baseline time / ours: {ratio:.2f}x; baseline median "
+                f"{statistics.median(times['baseline']):.2f} s, "
+                f"{size / 1e6 / statistics.median(times['baseline']):.1f} MB/s, "
+                f"API CPU {base_cpu:.2f} s"
+            )
 
 
 def _reference(database: Path, exp_id: str) -> float:

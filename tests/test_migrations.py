@@ -11,6 +11,7 @@ from app.core.migrate import alembic_config
 from app.models import Base
 from tests.conftest import LiveServer, make_settings
 from tests.helpers import ADD, submit
+from tests.results.trace_data import churn, upload
 
 
 def test_models_and_migrations_agree(database_url: str) -> None:
@@ -91,3 +92,31 @@ def test_experiments_from_before_isolation_read_back_clean(database_url: str) ->
             engine.dispose()
         command.upgrade(alembic_config(url), "head")
         assert c.get("/v1/experiments/old").json()["spec"]["isolation"] == "clean"
+
+
+def test_a_trace_stored_before_its_columns_exports_the_same(database_url: str) -> None:
+    """0012 adds the columns a plain chunk keeps; chunks stored before have none and are
+    exported from their text: the same bytes (downgraded and upgraded again here)."""
+
+    def export(c: httpx.Client, exp_id: str) -> bytes:
+        response = c.get(f"/v1/experiments/{exp_id}/trace", params={"format": "memory_viz"})
+        assert response.status_code == 200
+        return response.content
+
+    url = normalise_database_url(database_url)
+    with LiveServer(make_settings(database_url)) as live, httpx.Client(base_url=live.url) as c:
+        exp_id = upload(c, ADD, [churn(3000), churn(2000, 1, 3000)])
+        from_columns = export(c, exp_id)
+        command.downgrade(alembic_config(url), "0011")
+        command.upgrade(alembic_config(url), "head")
+        engine = create_engine(url)
+        try:
+            with engine.connect() as conn:
+                stored = conn.execute(
+                    text("SELECT event_columns FROM trace_chunks WHERE experiment_id = :e"),
+                    {"e": exp_id},
+                ).scalars()
+                assert list(stored) == [None, None]
+        finally:
+            engine.dispose()
+        assert export(c, exp_id) == from_columns

@@ -2,10 +2,15 @@
 
 A million events make about a hundred chunks rather than a million rows: inserts stay
 cheap on both engines, and a page or a stream decompresses only the chunks it needs.
+
+``event_columns``: where every event of the chunk is plain, the fields the memory_viz
+export reads, as columns kept when it was uploaded (``app.traces.event_columns``); null
+for other chunks and those stored before (migration 0012). Deferred: only the export
+loads it.
 """
 
 from sqlalchemy import ForeignKey, Integer, LargeBinary
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.orm import Mapped, deferred, mapped_column
 
 from app.models.base import Base
 
@@ -20,3 +25,4 @@ class TraceChunk(Base):
     first_event: Mapped[int]
     n_events: Mapped[int]
     data: Mapped[bytes] = mapped_column(LargeBinary)
+    event_columns: Mapped[bytes | None] = deferred(mapped_column(LargeBinary, nullable=True))

@@ -292,11 +292,11 @@ async def upload_trace(
 
     def store() -> int:
         # Checked before the lease's row is locked: a large chunk holds no lock meanwhile.
-        events = traces.check_chunk(data, settings)
+        checked = traces.check_chunk(data, settings)
         with db.session() as s:
             exp = queue.owned(s, experiment_id, x_lease_token)
-            traces.store_chunk(s, exp, seq, data, events)
-        return events
+            traces.store_chunk(s, exp, seq, data, checked.n_events, checked.columns)
+        return checked.n_events
 
     return {"seq": seq, "events": await run_in_threadpool(store)}
 

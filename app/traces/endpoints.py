@@ -109,7 +109,7 @@ def _export(
     so the next piece is made while the event loop sends the one before."""
     with db.session(write=False) as s:
         if format == "memory_viz":
-            blocks = traces.ahead(traces.iter_line_blocks(s, experiment_id))
+            blocks = traces.ahead(traces.iter_viz_blocks(s, experiment_id))
             yield from memory_viz.export(blocks, device)
         else:
             batches = traces.iter_event_batches(s, experiment_id)

@@ -46,23 +46,31 @@ class State:
 
 
 def export(
-    blocks: Iterable[bytes], device: str, given_segments: list[dict[str, Any]] | None = None
+    blocks: Iterable[bytes | viz_records.Columns],
+    device: str,
+    given_segments: list[dict[str, Any]] | None = None,
 ) -> Iterator[bytes]:
     """The pickle, in pieces: ``{"device_traces": [[], ..., [entries]], "segments": [...],
     "allocator_settings": {}}`` with our trace in the experiment's device slot. ``blocks``
-    are whole NDJSON lines (``traces.iter_line_blocks``). An imported snapshot passes its
-    own ``segments``; otherwise they are replayed from the trace."""
+    are whole NDJSON lines (``traces.iter_line_blocks``), or a block's columns as they
+    were kept at upload (``traces.iter_viz_blocks``), which give what their lines give.
+    An imported snapshot passes its own ``segments``; otherwise they are replayed from
+    the trace."""
     slot = device_index(device)
     state = State()
     yield open_traces(slot)
     for block in blocks:
-        columns = None if state.frames_seen else viz_records.decode(block)
+        columns = None
+        if not state.frames_seen:
+            columns = viz_records.decode(block) if isinstance(block, bytes) else block
         if columns is not None:
             unrequested = viz_records.apply(columns, state.live, state.segments, state.pending)
             yield viz_records.entries(columns, unrequested)
-        else:
+        elif isinstance(block, bytes):
             events: list[Event] = json.loads(b"[" + block[:-1].replace(b"\n", b",") + b"]")
             yield from _entries(events, state)
+        else:
+            yield from _entries(viz_records.as_events(block), state)
     yield CLOSE_TRACES
     if given_segments is None:
         yield from viz_segments.write(state.live.as_dict(), state.segments, slot)

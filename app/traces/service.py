@@ -7,16 +7,20 @@ import queue
 import threading
 import zlib
 from collections.abc import Generator, Iterator
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import msgspec
+import numpy as np
 from isal import isal_zlib
+from msgspec import UNSET
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from app.core.config import Settings
 from app.core.errors import ApiError, Conflict, PayloadTooLarge
 from app.models import Experiment, TraceChunk
+from app.traces import event_columns, viz_records
 from vramlab import contract
 
 REQUIRED_KEYS = ("action", "size")
@@ -24,6 +28,7 @@ REQUIRED_KEYS = ("action", "size")
 TEXT_STEP = 256 * 1024
 # One event (one line) may not pass this: deep stacks stay well under it.
 MAX_EVENT_BYTES = 1 * 2**20
+T = TypeVar("T")
 _DECODE = msgspec.json.Decoder(list[dict[str, Any]]).decode
 
 
@@ -53,41 +58,123 @@ def _text(body: bytes, limit: int) -> Iterator[bytes]:
         raise ApiError("trace chunk has bytes after its gzip member: send one member")
 
 
-def _lines(body: bytes, limit: int) -> Iterator[bytes]:
+def _line_batches(body: bytes, limit: int) -> Iterator[list[bytes]]:
+    """The chunk's whole lines, a list per piece of text."""
     pending = b""
     for piece in _text(body, limit):
         lines = (pending + piece).split(b"\n")
         pending = lines.pop()
         if len(pending) > MAX_EVENT_BYTES:
             raise PayloadTooLarge(f"a trace event may not pass {MAX_EVENT_BYTES} bytes")
-        yield from lines
+        yield lines
     if pending:  # chunks are streamed back as stored, one after another: each must end
         raise ApiError("trace chunk's last line has no newline: end every event with one")
 
 
-def check_chunk(body: bytes, settings: Settings) -> int:
-    """Validate an uploaded chunk as a stream, one line at a time; return its event count.
+class _Valid(msgspec.Struct):
+    """What the check reads of an event that is not plain: the keys it must have."""
 
-    Only one piece of text and one line are held at once, whatever the chunk expands to.
+    action: Any = UNSET
+    size: Any = UNSET
+
+
+_VALID = msgspec.json.Decoder(_Valid)
+
+
+@dataclass
+class CheckedChunk:
+    """An uploaded chunk that passed the check: its events, and their columns where
+    every event is plain (``event_columns``)."""
+
+    n_events: int
+    columns: bytes | None
+
+
+def check_chunk(body: bytes, settings: Settings) -> CheckedChunk:
+    """Validate an uploaded chunk as a stream, a piece of text at a time: every line one
+    JSON object with an action and a size, as Python's json reads it.
+
+    Only one piece of text and its lines are held at once, whatever the chunk expands to,
+    and the columns of a plain chunk (at most ``max_trace_chunk_events`` events). msgspec
+    decodes a piece's lines one call a line (each must be one value; a line it reads,
+    json reads too: its strings are checked UTF-8 apart); a piece it refuses is read line
+    by line by json, which gives the refusal or lets it through as before.
     """
     if len(body) > settings.max_trace_chunk_bytes:
         raise PayloadTooLarge(f"trace chunk is larger than {settings.max_trace_chunk_bytes} bytes")
     limit = settings.max_trace_chunk_bytes * contract.TRACE_CHUNK_EXPANSION
     n = 0
-    for n, line in enumerate(_lines(body, limit), start=1):
+    parts: list[viz_records.Columns] | None = []  # None once an event is not plain
+    lengths: list[np.ndarray] = []
+    for lines in _line_batches(body, limit):
+        if not lines:
+            continue
+        valid, events = False, None
+        if n + len(lines) <= settings.max_trace_chunk_events:
+            valid, events = _decoded(lines, plain=parts is not None)
+        if not valid:
+            _check_lines(lines, n, settings)
+        columns = None if events is None else viz_records.from_events(events)
+        if parts is not None and columns is not None:
+            parts.append(columns)
+            lengths.append(np.fromiter(map(len, lines), np.int64, len(lines)))
+        else:
+            parts = None
+        n += len(lines)
+    if not parts:
+        return CheckedChunk(n, None)
+    return CheckedChunk(n, event_columns.pack(parts, np.concatenate(lengths)))
+
+
+def _decoded(lines: list[bytes], plain: bool) -> tuple[bool, list[Any] | None]:
+    """Whether msgspec reads every line as one JSON object with an action and a size
+    (then json does too), and where ``plain`` and every event is, the events as
+    ``viz_records.Checked``."""
+    text = b"\n".join(lines)
+    if not text.isascii():
+        try:  # msgspec does not check the strings it skips; json does
+            text.decode()
+        except UnicodeDecodeError:
+            return False, None
+    if plain:
+        try:
+            events: list[Any] = list(map(viz_records.CHECKED.decode, lines))
+        except (ValueError, RecursionError):
+            pass
+        else:
+            if all(e.action is not UNSET and e.size is not UNSET for e in events):
+                return True, events
+    try:
+        valid = list(map(_VALID.decode, lines))
+    except (ValueError, RecursionError):
+        return False, None
+    return all(e.action is not UNSET and e.size is not UNSET for e in valid), None
+
+
+def _check_lines(lines: list[bytes], before: int, settings: Settings) -> None:
+    """Lines ``before + 1`` on, one at a time, as json reads them: refuse the first that
+    is not one JSON object with the required keys."""
+    for n, line in enumerate(lines, start=before + 1):
         if n > settings.max_trace_chunk_events:
             raise PayloadTooLarge(f"a chunk holds at most {settings.max_trace_chunk_events} events")
         try:
             event = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # nested past the interpreter's limit too
             raise ApiError(f"trace chunk line {n} is not JSON") from None
         if not isinstance(event, dict) or any(k not in event for k in REQUIRED_KEYS):
             raise ApiError(f"trace chunk line {n} is not an event with {REQUIRED_KEYS}")
-    return n
 
 
-def store_chunk(session: Session, exp: Experiment, seq: int, body: bytes, n_events: int) -> None:
-    """Store a checked chunk as the worker sent it; chunks arrive in order from 0."""
+def store_chunk(
+    session: Session,
+    exp: Experiment,
+    seq: int,
+    body: bytes,
+    n_events: int,
+    columns: bytes | None = None,
+) -> None:
+    """Store a checked chunk as the worker sent it, with its columns where it has them;
+    chunks arrive in order from 0."""
     earlier = session.execute(
         select(TraceChunk.seq, TraceChunk.n_events)
         .where(TraceChunk.experiment_id == exp.id)
@@ -109,6 +196,7 @@ def store_chunk(session: Session, exp: Experiment, seq: int, body: bytes, n_even
             first_event=sum(n for _, n in earlier),
             n_events=n_events,
             data=body,
+            event_columns=columns,
         )
     )
 
@@ -170,20 +258,45 @@ def _chunk_data(session: Session, experiment_id: str, seq: int) -> bytes:
     return bytes(data)
 
 
+def inflate(data: bytes, piece: int) -> Iterator[bytes]:
+    """A stored chunk's text in pieces of ``piece`` bytes (the last one shorter): with the
+    whole chunk given, ISA-L fills each piece before it returns it, as zlib does."""
+    decoder = isal_zlib.decompressobj(wbits=31)
+    while data:
+        out = decoder.decompress(data, piece)
+        data = decoder.unconsumed_tail
+        if out:
+            yield out
+    if rest := decoder.flush():
+        yield rest
+
+
 def iter_ndjson(session: Session, experiment_id: str, piece: int = 2**20) -> Iterator[bytes]:
     """The stored NDJSON itself, decompressed in pieces of at most ``piece`` bytes: no
     event is parsed or encoded again, and one chunk at a time is held. ISA-L inflates the
     same pieces as zlib in a third of the CPU time (docs/design.md, trace exports)."""
     for seq in _chunk_seqs(session, experiment_id):
-        decoder = isal_zlib.decompressobj(wbits=31)
-        data = _chunk_data(session, experiment_id, seq)
-        while data:
-            out = decoder.decompress(data, piece)
-            data = decoder.unconsumed_tail
-            if out:
-                yield out
-        if rest := decoder.flush():
-            yield rest
+        yield from inflate(_chunk_data(session, experiment_id, seq), piece)
+
+
+class LineBlocks:
+    """Pieces of text cut after their last newline: what is left waits for the next."""
+
+    def __init__(self) -> None:
+        self.rest = b""
+
+    def cut(self, texts: Iterator[bytes]) -> Iterator[bytes]:
+        for text in texts:
+            cut = text.rfind(b"\n") + 1
+            if not cut:
+                self.rest += text
+                continue
+            yield b"".join((self.rest, memoryview(text)[:cut]))  # one copy, not two
+            self.rest = text[cut:]
+
+    def end(self) -> None:
+        if self.rest:  # every stored chunk ends with a newline: nothing is left but by a bug
+            raise RuntimeError("stored trace text does not end with a newline")
 
 
 def iter_line_blocks(
@@ -191,28 +304,42 @@ def iter_line_blocks(
 ) -> Generator[bytes, None, None]:
     """The stored NDJSON in blocks of whole lines (about ``piece`` bytes each, one line
     more where a line is longer): what ``iter_ndjson`` yields, cut after a newline."""
-    rest = b""
-    for text in iter_ndjson(session, experiment_id, piece):
-        cut = text.rfind(b"\n") + 1
-        if not cut:
-            rest += text
-            continue
-        yield b"".join((rest, memoryview(text)[:cut]))  # one copy, not two
-        rest = text[cut:]
-    if rest:  # every stored chunk ends with a newline: nothing is left but by a bug
-        raise RuntimeError("stored trace text does not end with a newline")
+    blocks = LineBlocks()
+    yield from blocks.cut(iter_ndjson(session, experiment_id, piece))
+    blocks.end()
 
 
-def ahead(pieces: Generator[bytes, None, None], depth: int = 4) -> Iterator[bytes]:
+def iter_viz_blocks(
+    session: Session, experiment_id: str, piece: int = event_columns.PIECE
+) -> Generator[bytes | viz_records.Columns, None, None]:
+    """``iter_line_blocks``' blocks for the memory_viz export, a chunk's as the columns
+    kept when it was uploaded where it has them (the same blocks, not decoded again),
+    else as text."""
+    blocks = LineBlocks()
+    for seq in _chunk_seqs(session, experiment_id):
+        stored = session.scalar(
+            select(TraceChunk.event_columns).where(
+                TraceChunk.experiment_id == experiment_id, TraceChunk.seq == seq
+            )
+        )
+        columns = None if stored is None else event_columns.blocks(bytes(stored), piece)
+        if columns is not None and not blocks.rest:
+            yield from columns
+        else:
+            yield from blocks.cut(inflate(_chunk_data(session, experiment_id, seq), piece))
+    blocks.end()
+
+
+def ahead(pieces: Generator[T, None, None], depth: int = 4) -> Iterator[T]:
     """``pieces`` made in a thread of their own, at most ``depth`` ahead of the reader, so
     making them overlaps with what the reader does with the piece before: decompressing
     (ISA-L and zlib let go of the GIL) under an export, or an export's next piece while the
     event loop sends this one. Only that thread touches ``pieces`` (and its session); when
     the reader stops, early or not, the thread closes ``pieces`` and is joined."""
-    ready: queue.Queue[tuple[bytes | None, BaseException | None]] = queue.Queue(depth)
+    ready: queue.Queue[tuple[T | None, BaseException | None]] = queue.Queue(depth)
     stop = threading.Event()
 
-    def give(item: tuple[bytes | None, BaseException | None]) -> bool:
+    def give(item: tuple[T | None, BaseException | None]) -> bool:
         while not stop.is_set():
             try:
                 ready.put(item, timeout=0.1)

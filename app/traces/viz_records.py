@@ -12,6 +12,7 @@ takes the general path (``memory_viz``), which gives the same entries event by e
 """
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import repeat
 from operator import attrgetter
@@ -19,6 +20,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 import numpy as np
+from msgspec import UNSET, UnsetType
 
 from app.traces import viz_rows
 from app.traces.replay import FREES, SEGMENT_GROWS, SEGMENT_SHRINKS
@@ -52,6 +54,17 @@ class _Event(msgspec.Struct, gc=False):
 
 
 DECODER = msgspec.json.Decoder(_Event)
+
+
+class Checked(_Event, gc=False):
+    """A stored event as the upload's check decodes it (``traces.check_chunk``): the
+    same fields, but a missing ``action`` or ``size`` is told from a null one."""
+
+    action: _Action | UnsetType | None = UNSET  # type: ignore[valid-type,assignment]
+    size: int | UnsetType | None = UNSET  # type: ignore[assignment]
+
+
+CHECKED = msgspec.json.Decoder(Checked)
 
 _SKIPPED = _CODE["mark"]  # this code and those after it write no entry
 # The memo slot of the action each code writes ("free" is written "free_completed").
@@ -110,8 +123,15 @@ def decode(block: bytes) -> Columns | None:
     known kind, a free of no address, a number past 64 bits."""
     try:
         events = DECODER.decode_lines(block)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except (ValueError, RecursionError):  # msgspec's errors, invalid UTF-8, deep nesting
         return None
+    return from_events(events)
+
+
+def from_events(events: Sequence[Any]) -> Columns | None:
+    """Decoded events (``_Event``'s fields, by attribute) as columns, or None where the
+    general path must take them; each event is judged on its own, so the columns of many
+    lines are those of any block of them, one after another."""
     n = len(events)
     # Every action decoded is one of _CODE's (the Literal): a plain look-up, no default.
     code = np.fromiter(map(_CODE.__getitem__, map(_GET["action"], events)), np.int8, n)
@@ -134,10 +154,30 @@ def decode(block: bytes) -> Columns | None:
     return Columns(code, addr, no_addr, size, stream, t_us.astype(np.int64))  # int() truncates
 
 
+def as_events(c: Columns) -> list[dict[str, Any]]:
+    """The columns as the events the general path reads, for stored columns it must take
+    (once a block with frames has been alive): what it reads of a plain event, but a
+    null stream as 0 and no frames key, which it writes the same (``int(stream or 0)``,
+    ``frames or ()``)."""
+    addrs = c.addr.tolist()
+    for i in np.flatnonzero(c.no_addr).tolist():
+        addrs[i] = None
+    rows = zip(
+        map(_NAMES.__getitem__, c.code.tolist()),
+        addrs,
+        c.size.tolist(),
+        c.stream.tolist(),
+        c.time.tolist(),
+        strict=True,
+    )
+    keys = ("action", "addr", "size", "stream", "t_us")
+    return [dict(zip(keys, row, strict=True)) for row in rows]
+
+
 _GET = {name: attrgetter(name) for name in ("action", "addr", "size", "stream", "t_us")}
 
 
-def _column(events: list[_Event], name: str, dtype: type) -> np.ndarray:
+def _column(events: Sequence[Any], name: str, dtype: type) -> np.ndarray:
     """A field of every event in one array, without a list between; where a value is
     null: NaN in a float column, 0 in an int column, except ``addr``, which comes back
     as objects (None kept) for ``decode`` to mark."""

@@ -173,3 +173,49 @@ def varied_chunks() -> list[list[dict[str, Any]]]:
             event.update(seq=seq, device="cuda:0", phase="op")
             seq += 1
     return chunks
+
+
+def churn(n: int, seed: int = 0, first: int = 0) -> list[dict[str, Any]]:
+    """A CUDA trace's plain events, about 130 bytes a line as a worker writes them:
+    addresses that live, die and live again, frees with and without their request,
+    segments that come and go, marks, an OOM; and the odd values a plain event may have
+    (a null address on an allocation, a null size, stream or time, a float time, a
+    negative or very large time, an empty frames list)."""
+    rnd = random.Random(seed)
+    live: dict[int, int] = {}
+    rows: list[dict[str, Any]] = []
+    t = 0.0
+    while len(rows) < n:
+        t += rnd.random() * 3
+        addr = 0x7F0000000000 + 4096 * rnd.randrange(400)
+        r = rnd.random()
+        if r < 0.03:
+            action, size = rnd.choice(["segment_alloc", "segment_free", "segment_map"]), 2**21
+        elif r < 0.04:
+            action, size = rnd.choice(["mark", "oom", "segment_unmap"]), 0
+        elif addr in live:
+            size = live.pop(addr)
+            if rnd.random() < 0.5:
+                rows.append({"t_us": round(t, 3), "action": "free_requested", "addr": addr})
+                rows[-1]["size"] = size
+            action = rnd.choice(["free_completed", "free"])
+        else:
+            action, size = "alloc", live.setdefault(addr, rnd.choice([512, 4096, 2**20]))
+        rows.append({"t_us": round(t, 3), "action": action, "addr": addr, "size": size})
+    rows = rows[:n]
+    for i, row in enumerate(rows):
+        row.update(seq=first + i, device="cuda:0", stream=rnd.choice([0, 0, 0, 7]), phase="op")
+    odd = [
+        {"action": "alloc", "addr": None},
+        {"size": None},
+        {"stream": None},
+        {"t_us": None},
+        {"t_us": 12},
+        {"t_us": -3.75},
+        {"t_us": 2**53 - 1},
+        {"frames": []},
+        {"frames": None, "pre_trace": None},
+    ]
+    for k, change in enumerate(odd):
+        rows[(k + 1) * n // (len(odd) + 2)].update(change)
+    return rows
