@@ -19,8 +19,6 @@ class Experiment(Base):
     __table_args__ = (
         Index("ix_experiments_lease", "status", "lease_expires_at"),
         Index("ix_experiments_created", "created_at", "id"),
-        # A submitter's queued experiments, counted against the cap on each submit.
-        Index("ix_experiments_submitter_queued", "status", "submitted_by"),
     )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
