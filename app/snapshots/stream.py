@@ -23,7 +23,6 @@ raises ``Unsupported``; the caller then reads the file whole with ``safe_pickle`
 refuses or reads it as before. The two readers never disagree: one only needs less memory.
 """
 
-import io
 import os
 import pickle
 import struct
@@ -32,8 +31,8 @@ from typing import IO, Any, Protocol
 
 from app.snapshots import safe_pickle
 
-WINDOW = 32 << 20  # bytes of the file the unpickler gets at a time
-KEEP = 8 << 20  # past a batch, with less than this left in the window, it moves on
+WINDOW = 32 << 20  # the part before the trace must fit in this many bytes
+CHUNK = 4 << 20  # bytes of the file read at a time past it
 
 
 class Unsupported(Exception):
@@ -55,11 +54,7 @@ class Sink(Protocol):
 
 
 class _Pause(Exception):
-    """Stop the unpickler after a batch: the window moves on (``new_list``: the next
-    opcode makes the next device's list)."""
-
-    def __init__(self, new_list: bool) -> None:
-        self.new_list = new_list
+    """Stop the unpickler after a batch: the next opcode makes the next device's list."""
 
 
 class Collector:
@@ -136,8 +131,98 @@ class Deframer:
         return bytes(out)
 
 
+class Feed:
+    """The C unpickler's file past the first trace list: the deframed pickle, handed out
+    by ``peek`` (the unpickler then reads opcodes from that buffer, in C) except just
+    before a possible device list: a list's ``APPENDS`` or ``APPEND`` followed by
+    ``EMPTY_LIST`` (``e]``, ``a]``; or the same bytes inside a value). Those bytes it gets
+    by ``read``, exactly as it asks for them, so that when a batch ends there (``exact``)
+    where it stopped is known: ``at``. Bytes put before the rest (``inject``: the stack
+    given back after a stop) are handed out on their own, so the unpickler never holds
+    any past them when it stops at their end."""
+
+    def __init__(self, source: Deframer) -> None:
+        self.source = source
+        self.buf = b""
+        self.at = 0  # where the unpickler is (or, after a peek, where that buffer began)
+        self.end = 0  # the injected bytes end here: no peek goes past it
+        self.eof = False
+        self.peeked: int | None = None  # the last peek's length, until the read that skips it
+        self.exact = True  # ``at`` is where the unpickler stopped
+        self._e = self._a = -1  # the next ``e]`` and ``a]`` at or past ``at``
+
+    def _more(self, n: int) -> None:
+        """At least ``n`` bytes from ``at`` on, where the file has them."""
+        while len(self.buf) - self.at < n and not self.eof:
+            more = self.source.read(max(CHUNK, n))
+            if not more:
+                self.eof = True
+            self.buf = self.buf[self.at :] + more
+            self.end = max(0, self.end - self.at)
+            self.at = 0
+            self._e = self._a = -1
+
+    def inject(self, data: bytes) -> None:
+        """``data`` to be read before the rest."""
+        self.buf = data + self.buf[self.at :]
+        self.at = 0
+        self.end = len(data)
+        self._e = self._a = -1
+
+    def ahead(self, n: int) -> bytes:
+        """The next ``n`` bytes (fewer at the end), not consumed."""
+        self._more(n)
+        return self.buf[self.at : self.at + n]
+
+    def skip(self, n: int) -> bytes:
+        out = self.ahead(n)
+        self.at += len(out)
+        return out
+
+    def _stop(self) -> int:
+        """Where the buffer a peek hands out ends: before the next possible device list."""
+        at, buf = self.at, self.buf
+        if self._e < at:
+            self._e = buf.find(b"e]", at)
+            if self._e < 0:
+                self._e = len(buf)
+        if self._a < at:
+            self._a = buf.find(b"a]", at)
+            if self._a < 0:
+                self._a = len(buf)
+        stop = min(self._e, self._a, len(buf) if self.eof else len(buf) - 1)
+        return min(stop, self.end) if at < self.end else stop
+
+    def peek(self, n: int = 0) -> memoryview:
+        self._more(2)
+        stop = self._stop()
+        self.peeked = max(0, stop - self.at)
+        if self.peeked:
+            self.exact = False
+        return memoryview(self.buf)[self.at : self.at + self.peeked]
+
+    def read(self, n: int = -1) -> bytes:
+        if self.peeked is not None and 0 <= n <= self.peeked:
+            # What the unpickler used of the last peek: its position, no data wanted.
+            self.at += n
+            self.peeked = None
+            return b""
+        self.peeked = None
+        self.exact = True
+        return self.skip(n)
+
+    def readline(self) -> bytes:
+        self.peeked = None
+        self.exact = True
+        while True:
+            line = self.buf.find(b"\n", self.at)
+            if line >= 0 or self.eof:
+                return self.skip(line + 1 - self.at if line >= 0 else len(self.buf) - self.at)
+            self._more(len(self.buf) - self.at + 1)
+
+
 class _Unpickler(safe_pickle.NoGlobalsUnpickler):
-    def __init__(self, f: IO[bytes], objects: list[Any], key: str, memo: list[Any]) -> None:
+    def __init__(self, f: Feed, objects: list[Any], key: str, memo: list[Any]) -> None:
         super().__init__(f)
         self.objects = objects
         self.memo_values = memo
@@ -165,10 +250,7 @@ class Reader:
         self.traces_at = -1  # where the device_traces list is on the stack
         # Lists memoized before the trace: kept alive, so their ids stay theirs.
         self.outside: dict[int, Any] = {}
-        self.window: io.BytesIO | None = None
-        self.biggest = 0  # the largest batch so far, in bytes
-        self.last = 0  # where the last batch ended in the window
-        self.size = 0  # the window's bytes
+        self.feed: Feed | None = None
 
     def read(self) -> dict[Any, Any]:
         try:
@@ -292,7 +374,7 @@ class Reader:
             else:
                 raise Unsupported(f"opcode {bytes([op])!r} before the trace")
 
-    # Part two: the C unpickler, a window at a time. ---------------------------------
+    # Part two: the C unpickler, to the end. -----------------------------------------
     def _rest(
         self, stack: list[Any], marks: list[int], source: Deframer, tail: bytes
     ) -> dict[Any, Any]:
@@ -302,24 +384,25 @@ class Reader:
         collectors = [Collector(self, 0)]
         objects = [*stack, collectors[0]]
         key = f"vramlab-{os.urandom(8).hex()}-"
-        window = io.BytesIO()
-        self.window = window
+        feed = Feed(source)
+        self.feed = feed
         # The memo as the first part left it (the same slots, the same count): put by
         # opcodes, as the unpickler's memo setter loses a dict's values (CPython 3.11).
         values = list(self.memo.values())
-        unpickler = _Unpickler(window, [], key, values)
-        window.write(
+        unpickler = _Unpickler(feed, [], key, values)
+        feed.inject(
             b"".join(
                 f"P{key}m{n}\n".encode() + b"r" + struct.pack("<I", slot) + b"0"
                 for n, slot in enumerate(self.memo)
             )
             + b"N."
         )
-        window.seek(0)
         unpickler.load()
         unpickler.objects = objects
         unpickler.memo_values = []
         self.memo = {}
+        feed.inject(tail)
+        feed.end = 0
         while True:
             prelude = bytearray()
             at_mark = set(marks)
@@ -327,45 +410,28 @@ class Reader:
                 if n in at_mark:
                     prelude += b"("
                 prelude += f"P{key}{n}\n".encode()
-            if len(tail) < 16:
-                tail += source.read(WINDOW)
-            put = _PUTS.get(tail[0], 0) if tail else 0
-            if tail[put : put + 1] == b"]":
+            head = feed.ahead(16)
+            put = _PUTS.get(head[0], 0) if head else 0
+            if head[put : put + 1] == b"]":
                 # The list just made stays empty: the next device's list comes next.
+                feed.skip(put + 1)
                 if put:
-                    window.seek(0)
-                    window.truncate(0)
-                    window.write(bytes(prelude) + tail[:put] + b"N.")
-                    window.seek(0)
+                    feed.inject(bytes(prelude) + head[:put] + b"N.")
                     unpickler.load()  # memoizes the collector, as the list would have been
                 collectors.append(Collector(self, len(collectors)))
                 objects.append(collectors[-1])
-                tail = tail[put + 1 :]
                 continue
-            window.seek(0)
-            window.truncate(0)
-            window.write(prelude)
-            window.write(tail)
-            window.write(source.read(WINDOW - len(tail)))
-            self.size = window.tell()
-            window.seek(0)
-            self.last = len(prelude)
+            feed.inject(bytes(prelude))
             try:
                 result = unpickler.load()
-            except _Pause as pause:
-                buffer = window.getbuffer()
-                try:
-                    tail = bytes(buffer[window.tell() :])
-                finally:
-                    del buffer
-                if pause.new_list:
-                    # The next device's list: a collector of its own in its place.
-                    collectors.append(Collector(self, len(collectors)))
-                    objects.append(collectors[-1])
-                    tail = tail[1:]
+            except _Pause:
+                # The next device's list: a collector of its own in its place.
+                feed.skip(1)
+                collectors.append(Collector(self, len(collectors)))
+                objects.append(collectors[-1])
                 continue
             except (EOFError, pickle.UnpicklingError) as exc:
-                raise Unsupported(f"past the window: {exc}") from None
+                raise Unsupported(f"past the stream: {exc}") from None
             break
         traces = self.traces
         if (
@@ -380,23 +446,13 @@ class Reader:
         return top
 
     def take(self, device: int, items: list[Any]) -> None:
-        """A batch for ``device``'s list: to the sink; then stop to move the window on
-        if little of it is left, or if the next device's list comes next."""
+        """A batch for ``device``'s list: to the sink; then stop if the next device's list
+        comes next (``EMPTY_LIST``), which is only ever seen where the feed is ``exact``."""
         self.sink.batch(device, items, self.outside)
-        window = self.window
-        assert window is not None
-        here = window.tell()
-        self.biggest = max(self.biggest, here - self.last)
-        self.last = here
-        buffer = window.getbuffer()
-        try:
-            following = buffer[here] if here < len(buffer) else -1
-        finally:
-            del buffer
-        if following == 0x5D:  # EMPTY_LIST: the next device's list
-            raise _Pause(new_list=True)
-        if following == 0x28 and self.size - here < max(KEEP, 4 * self.biggest):
-            raise _Pause(new_list=False)
+        feed = self.feed
+        assert feed is not None
+        if feed.exact and feed.ahead(1) == b"]":
+            raise _Pause()
 
 
 _STRINGS = {

@@ -162,3 +162,22 @@ def test_nesting_where_frames_should_be_is_refused(tmp_path: Path) -> None:
     )
     result = _same_both_ways(tmp_path, body)
     assert result["type"] == "invalid" and "a frame is not a dict" in result["message"]
+
+
+@pytest.mark.parametrize("pattern", [b"e]", b"a]"])
+def test_bytes_like_a_device_list_beginning_read_the_same(tmp_path: Path, pattern: bytes) -> None:
+    """The unpickler gets the file a buffer at a time, but the bytes where a device's list
+    may begin (a list's APPENDS or APPEND, then EMPTY_LIST) one read at a time, so that
+    it is stopped exactly there. Here every entry has those bytes (the memo index of the
+    key 'frames' is that of 'e' or 'a', and a frames list follows it), over several
+    devices: streamed, the same as read whole."""
+    snap = _devices()
+    snap["device_traces"][3] = training_snapshot(iterations=30, layers=2)["device_traces"][0]
+
+    def body(pad: int) -> bytes:
+        return pickle.dumps({"pad": [f"s{i}" for i in range(pad)], **snap}, protocol=4)
+
+    dense = body(max(range(300), key=lambda pad: body(pad).count(pattern)))
+    assert dense.count(pattern) > sum(len(t) for t in snap["device_traces"])
+    result = _same_both_ways(tmp_path, dense)
+    assert result["ok"] and result["summary"]["entries"] == len(snap["device_traces"][3])
