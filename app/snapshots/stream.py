@@ -7,15 +7,17 @@ by ``APPENDS`` of up to 1000 entries at a time. The file is read in two parts:
 - up to the first device's list, opcode by opcode here (the top dict, the segments: a
   small part of the file), so the list is found exactly where it is made;
 - from there on by the C unpickler (``safe_pickle.NoGlobalsUnpickler``: no global is ever
-  resolved), a window of the file at a time, with each device's list replaced by a
-  ``Collector``: ``APPENDS`` hands it a batch of entries, which it gives to the sink
+  resolved), reading the file as it goes (``Feed``), with each device's list replaced by
+  a ``Collector``: ``APPENDS`` hands it a batch of entries, which it gives to the sink
   (``entries.Sink``) and then empties (a dict cleared, a frames list shrunk to a
-  ``StackRef`` that keeps its stack, the list itself its identity: a free recorded with PyTorch's
-  ``context="alloc"`` refers back to its block's very list). The unpickler reads exactly
-  what each opcode needs from an in-memory window, so where it stopped is known: it is
-  stopped after a batch to move the window on, and the stack it had (the top dict, the
-  keys before ``device_traces``, the lists) is given back to it by persistent ids that
-  only this reader knows.
+  ``StackRef`` that keeps its stack, the list itself its identity: a free recorded with
+  PyTorch's ``context="alloc"`` refers back to its block's very list). The unpickler gets
+  the file a buffer at a time (``peek``: its opcodes are read in C), except where a
+  device's list may begin (a list's ``APPENDS`` or ``APPEND`` then ``EMPTY_LIST``): those
+  bytes it gets exactly as each opcode asks for them, so where it stopped after a batch
+  is known. It is stopped there, and the stack it had (the top dict, the keys before
+  ``device_traces``, the lists) is given back to it by persistent ids that only this
+  reader knows, with a collector for the next device's list.
 
 Anything this reader does not read exactly as the whole-file unpickler would (a global,
 protocol 0 or 1, a reference to an entry already handed on, a shape it does not know)
