@@ -31,10 +31,11 @@ import struct
 from collections.abc import Callable
 from typing import IO, Any, Protocol
 
+from app.snapshots import memo as memo_
 from app.snapshots import safe_pickle
+from app.snapshots.feed import Feed
 
 WINDOW = 32 << 20  # the part before the trace must fit in this many bytes
-CHUNK = 4 << 20  # bytes of the file read at a time past it
 
 
 class Unsupported(Exception):
@@ -42,21 +43,16 @@ class Unsupported(Exception):
     unpickler would; read the file whole instead."""
 
 
-class StackRef:
-    """What a frames list handed on holds afterwards: its stack's id."""
-
-    __slots__ = ("stack",)
-
-    def __init__(self, stack: int) -> None:
-        self.stack = stack
-
-
 class Sink(Protocol):
     def batch(self, device: int, items: list[Any], outside: dict[int, Any]) -> None: ...
 
 
 class _Pause(Exception):
-    """Stop the unpickler after a batch: the next opcode makes the next device's list."""
+    """Stop the unpickler after a batch: the next opcode makes the next device's list
+    (``new_list``), or the next batch begins and the memo is to be cleaned."""
+
+    def __init__(self, new_list: bool) -> None:
+        self.new_list = new_list
 
 
 class Collector:
@@ -133,102 +129,13 @@ class Deframer:
         return bytes(out)
 
 
-class Feed:
-    """The C unpickler's file past the first trace list: the deframed pickle, handed out
-    by ``peek`` (the unpickler then reads opcodes from that buffer, in C) except just
-    before a possible device list: a list's ``APPENDS`` or ``APPEND`` followed by
-    ``EMPTY_LIST`` (``e]``, ``a]``; or the same bytes inside a value). Those bytes it gets
-    by ``read``, exactly as it asks for them, so that when a batch ends there (``exact``)
-    where it stopped is known: ``at``. Bytes put before the rest (``inject``: the stack
-    given back after a stop) are handed out on their own, so the unpickler never holds
-    any past them when it stops at their end."""
-
-    def __init__(self, source: Deframer) -> None:
-        self.source = source
-        self.buf = b""
-        self.at = 0  # where the unpickler is (or, after a peek, where that buffer began)
-        self.end = 0  # the injected bytes end here: no peek goes past it
-        self.eof = False
-        self.peeked: int | None = None  # the last peek's length, until the read that skips it
-        self.exact = True  # ``at`` is where the unpickler stopped
-        self._e = self._a = -1  # the next ``e]`` and ``a]`` at or past ``at``
-
-    def _more(self, n: int) -> None:
-        """At least ``n`` bytes from ``at`` on, where the file has them."""
-        while len(self.buf) - self.at < n and not self.eof:
-            more = self.source.read(max(CHUNK, n))
-            if not more:
-                self.eof = True
-            self.buf = self.buf[self.at :] + more
-            self.end = max(0, self.end - self.at)
-            self.at = 0
-            self._e = self._a = -1
-
-    def inject(self, data: bytes) -> None:
-        """``data`` to be read before the rest."""
-        self.buf = data + self.buf[self.at :]
-        self.at = 0
-        self.end = len(data)
-        self._e = self._a = -1
-
-    def ahead(self, n: int) -> bytes:
-        """The next ``n`` bytes (fewer at the end), not consumed."""
-        self._more(n)
-        return self.buf[self.at : self.at + n]
-
-    def skip(self, n: int) -> bytes:
-        out = self.ahead(n)
-        self.at += len(out)
-        return out
-
-    def _stop(self) -> int:
-        """Where the buffer a peek hands out ends: before the next possible device list."""
-        at, buf = self.at, self.buf
-        if self._e < at:
-            self._e = buf.find(b"e]", at)
-            if self._e < 0:
-                self._e = len(buf)
-        if self._a < at:
-            self._a = buf.find(b"a]", at)
-            if self._a < 0:
-                self._a = len(buf)
-        stop = min(self._e, self._a, len(buf) if self.eof else len(buf) - 1)
-        return min(stop, self.end) if at < self.end else stop
-
-    def peek(self, n: int = 0) -> memoryview:
-        self._more(2)
-        stop = self._stop()
-        self.peeked = max(0, stop - self.at)
-        if self.peeked:
-            self.exact = False
-        return memoryview(self.buf)[self.at : self.at + self.peeked]
-
-    def read(self, n: int = -1) -> bytes:
-        if self.peeked is not None and 0 <= n <= self.peeked:
-            # What the unpickler used of the last peek: its position, no data wanted.
-            self.at += n
-            self.peeked = None
-            return b""
-        self.peeked = None
-        self.exact = True
-        return self.skip(n)
-
-    def readline(self) -> bytes:
-        self.peeked = None
-        self.exact = True
-        while True:
-            line = self.buf.find(b"\n", self.at)
-            if line >= 0 or self.eof:
-                return self.skip(line + 1 - self.at if line >= 0 else len(self.buf) - self.at)
-            self._more(len(self.buf) - self.at + 1)
-
-
 class _Unpickler(safe_pickle.NoGlobalsUnpickler):
     def __init__(self, f: Feed, objects: list[Any], key: str, memo: list[Any]) -> None:
         super().__init__(f)
         self.objects = objects
         self.memo_values = memo
         self.key = key
+        self.cleaner: memo_.Memo | None = None
 
     def persistent_load(self, pid: Any) -> Any:
         """Our own ids (a random key the file cannot know): the stack and the memo."""
@@ -236,6 +143,8 @@ class _Unpickler(safe_pickle.NoGlobalsUnpickler):
             n = pid[len(self.key) :]
             if n[:1] == "m":
                 return self.memo_values[int(n[1:])]
+            if n in ("p", "D") and self.cleaner is not None:
+                return self.cleaner.named(n)
             return self.objects[int(n)]
         return super().persistent_load(pid)
 
@@ -253,6 +162,8 @@ class Reader:
         # Lists memoized before the trace: kept alive, so their ids stay theirs.
         self.outside: dict[int, Any] = {}
         self.feed: Feed | None = None
+        self.since = 0  # entries handed on since the memo was last cleaned
+        self.recent: list[Any] = []  # and those entries
 
     def read(self) -> dict[Any, Any]:
         try:
@@ -402,9 +313,10 @@ class Reader:
         unpickler.load()
         unpickler.objects = objects
         unpickler.memo_values = []
+        cleaner = memo_.Memo(unpickler, feed, key, len(self.memo))
+        unpickler.cleaner = cleaner
         self.memo = {}
-        feed.inject(tail)
-        feed.end = 0
+        feed.start(tail)
         while True:
             prelude = bytearray()
             at_mark = set(marks)
@@ -414,24 +326,31 @@ class Reader:
                 prelude += f"P{key}{n}\n".encode()
             head = feed.ahead(16)
             put = _PUTS.get(head[0], 0) if head else 0
-            if head[put : put + 1] == b"]":
-                # The list just made stays empty: the next device's list comes next.
-                feed.skip(put + 1)
-                if put:
-                    feed.inject(bytes(prelude) + head[:put] + b"N.")
-                    unpickler.load()  # memoizes the collector, as the list would have been
-                collectors.append(Collector(self, len(collectors)))
-                objects.append(collectors[-1])
-                continue
-            feed.inject(bytes(prelude))
             try:
-                result = unpickler.load()
-            except _Pause:
-                # The next device's list: a collector of its own in its place.
-                feed.skip(1)
-                collectors.append(Collector(self, len(collectors)))
-                objects.append(collectors[-1])
-                continue
+                if head[put : put + 1] == b"]":
+                    # The list just made stays empty: the next device's list comes next.
+                    feed.skip(put + 1)
+                    if put:
+                        feed.inject(bytes(prelude) + head[:put] + b"N.")
+                        unpickler.load()  # memoizes the collector, as the list would have been
+                    collectors.append(Collector(self, len(collectors)))
+                    objects.append(collectors[-1])
+                    continue
+                feed.inject(bytes(prelude))
+                try:
+                    result = unpickler.load()
+                except _Pause as pause:
+                    if pause.new_list:
+                        # The next device's list: a collector of its own in its place.
+                        feed.skip(1)
+                        collectors.append(Collector(self, len(collectors)))
+                        objects.append(collectors[-1])
+                    else:
+                        self.recent = []
+                        cleaner.clean()
+                        feed.want = False
+                        self.since = 0
+                    continue
             except (EOFError, pickle.UnpicklingError) as exc:
                 raise Unsupported(f"past the stream: {exc}") from None
             break
@@ -444,17 +363,32 @@ class Reader:
             or any(a is not b for a, b in zip(traces, collectors, strict=True))
         ):
             raise Unsupported("device_traces is not where it was built")
+        before = {id(o) for o in objects}  # made before the trace
+        after = [o for o in (*top, *top.values()) if id(o) not in before]
+        if memo_.handed_on(after, self.recent):
+            raise Unsupported("what follows the trace refers back to an entry handed on")
+        self.recent = []
         traces[:] = [[] for _ in collectors]
         return top
 
     def take(self, device: int, items: list[Any]) -> None:
         """A batch for ``device``'s list: to the sink; then stop if the next device's list
-        comes next (``EMPTY_LIST``), which is only ever seen where the feed is ``exact``."""
+        comes next (``EMPTY_LIST``), or, once ``memo.EVERY`` entries have gone by, the next
+        batch (``MARK``), to clean the memo. Both are only ever seen where the feed is
+        ``exact``."""
+        self.recent += items
         self.sink.batch(device, items, self.outside)
         feed = self.feed
         assert feed is not None
-        if feed.exact and feed.ahead(1) == b"]":
-            raise _Pause()
+        self.since += len(items)
+        if self.since >= memo_.EVERY:
+            feed.want = True
+        if feed.exact:
+            following = feed.ahead(1)
+            if following == b"]":
+                raise _Pause(new_list=True)
+            if following == b"(" and feed.want:
+                raise _Pause(new_list=False)
 
 
 _STRINGS = {
