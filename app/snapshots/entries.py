@@ -22,7 +22,7 @@ from sys import getrefcount
 from typing import Any
 
 from app.snapshots.load import check_entry
-from app.snapshots.memo import DROPPED, StackRef
+from app.snapshots.memo import DROPPED, EMPTY, StackRef
 from app.snapshots.stream import Unsupported
 from vramlab.contract import MEMORY_VIZ_ACTIONS
 
@@ -106,7 +106,7 @@ class Sink:
         key = tuple(map(id, frames))
         sid = self._ids.get(key)
         if sid is None:
-            if any(f is DROPPED for f in frames):
+            if any(f is DROPPED or f is EMPTY for f in frames):
                 raise Unsupported("a frame refers to an object the stream reader let go of")
             sid = self._ids[key] = len(self.stacks)
             self.stacks.append(list(frames))
@@ -148,7 +148,9 @@ class Sink:
                 code = CODES[e["action"]]
             except Exception:
                 if outside is not None and (
-                    e is DROPPED or (type(e) is dict and (not e or e.get("action") is DROPPED))
+                    e is DROPPED
+                    or e is EMPTY
+                    or (type(e) is dict and (not e or e.get("action") in (DROPPED, EMPTY)))
                 ):
                     raise Unsupported("an entry referred to again after it was handed on") from None
                 try:
@@ -227,7 +229,9 @@ class Sink:
                         e.clear()
                     continue
             odd = (e.get("addr"), size, e.get("stream"), e.get("time_us"), e.get("device_free"))
-            if outside is not None and any(v is DROPPED or type(v) is complex for v in odd):
+            if outside is not None and any(
+                v is DROPPED or v is EMPTY or type(v) is complex for v in odd
+            ):
                 raise Unsupported("a field refers to an object the stream reader let go of")
             trace.odd[index] = odd
             buf += pack(code, ODD, 0, 0, 0, 0, 0, sid, token)

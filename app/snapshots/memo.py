@@ -14,6 +14,7 @@ memo still holds:
   identity token plus its stack id times 1j, which no pickle can make without a global:
   a later entry that refers to the list again (PyTorch's ``context="alloc"``) gets its
   stack and identity from it (``entries.Sink.batch``);
+- for an empty list (an entry's frames, none): ``EMPTY``, which reads as no frames too;
 - for anything else (an entry's dict, its own strings): ``DROPPED``, one object for all.
   A later reference to one is caught where it could change what is read (an entry, its
   fields and frames: ``entries.Sink.batch``; what follows the trace: ``placeholders``)
@@ -64,6 +65,21 @@ class _Dropped:
 DROPPED = _Dropped()
 
 
+class _Empty:
+    """An empty list let go of: no frames, as the list was."""
+
+    __slots__ = ()
+
+    def __bool__(self) -> bool:
+        return False
+
+    def __repr__(self) -> str:
+        return "<an empty list let go of>"
+
+
+EMPTY = _Empty()
+
+
 class _Probe:
     """What the slots read back are handed to (``APPENDS``)."""
 
@@ -94,6 +110,8 @@ class Memo:
             return self.probe
         if name == "D":
             return DROPPED
+        if name == "E":
+            return EMPTY
         raise KeyError(name)
 
     def _exists(self, i: int) -> bool:
@@ -149,15 +167,24 @@ class Memo:
         )
         refs: list[StackRef] = []
         tokens: list[int] = []
+        empty: list[int] = []
         obj: Any = None
         for slot, obj in zip(compress(where, lists), compress(held, lists), strict=True):
             if len(obj) == 1 and type(obj[0]) is StackRef:
                 refs.append(obj[0])
                 tokens.append(slot)
+            elif not obj:
+                empty.append(slot)
             else:
                 dropped.append(slot)
         del held, obj
-        feed.inject(f"P{key}D\n".encode() + _program(b"r", dropped) + b"0N.")
+        feed.inject(
+            f"P{key}D\n".encode()
+            + _program(b"r", dropped)
+            + f"0P{key}E\n".encode()
+            + _program(b"r", empty)
+            + b"0N."
+        )
         self.run()
         if tokens:
             # Each list's token pushed by BINPERSID of its number, looked up in C.
@@ -223,7 +250,7 @@ def handed_on(values: Iterable[Any], recent: list[Any]) -> bool:
     while todo:
         obj = todo.pop()
         kind = type(obj)
-        if obj is DROPPED or kind is complex or kind is StackRef:
+        if obj is DROPPED or obj is EMPTY or kind is complex or kind is StackRef:
             return True
         if kind in (dict, list, tuple) and id(obj) not in seen:
             seen.add(id(obj))

@@ -143,7 +143,7 @@ class _Unpickler(safe_pickle.NoGlobalsUnpickler):
             n = pid[len(self.key) :]
             if n[:1] == "m":
                 return self.memo_values[int(n[1:])]
-            if n in ("p", "D") and self.cleaner is not None:
+            if n in ("p", "D", "E") and self.cleaner is not None:
                 return self.cleaner.named(n)
             return self.objects[int(n)]
         return super().persistent_load(pid)

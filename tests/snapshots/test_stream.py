@@ -196,12 +196,26 @@ def _segments_after_sharing() -> dict[str, Any]:
     return {"device_traces": snap["device_traces"], "segments": snap["segments"]}
 
 
+def _long(make: Callable[[], dict[str, Any]], times: int) -> Callable[[], dict[str, Any]]:
+    """``make``'s snapshot with its longest trace ``times`` over (deep copies, so a
+    pickle of it writes its entries anew), in several batches of the pickle's APPENDS."""
+
+    def made() -> dict[str, Any]:
+        snap = make()
+        traces = snap["device_traces"]
+        longest = max(range(len(traces)), key=lambda i: len(traces[i]))
+        traces[longest] = [e for _ in range(times) for e in copy.deepcopy(traces[longest])]
+        return snap
+
+    return made
+
+
 LET_GO = {
-    "training": lambda: training_snapshot(iterations=40, layers=4, stack_depth=8),
-    "context alloc": lambda: loops.adam_loop(steps=12, context="alloc", accumulate=2)[0],
-    "frees share their block's list": _context_alloc,
-    "several devices": _devices,
-    "odd values": _odd,
+    "training": _long(lambda: training_snapshot(iterations=40, layers=4, stack_depth=8), 6),
+    "context alloc": _long(lambda: loops.adam_loop(context="alloc", accumulate=2)[0], 60),
+    "frees share their block's list": _long(_context_alloc, 6),
+    "several devices": _long(_devices, 200),
+    "odd values": _long(_odd, 300),
 }
 
 
@@ -213,7 +227,7 @@ def test_what_the_memo_lets_go_of_reads_the_same(
     """The memo let go of every 50 entries (its slots put again with placeholders):
     the same as read whole, where later entries refer back to lists let go of too."""
     monkeypatch.setattr(memo, "EVERY", 50)
-    result = _same_both_ways(tmp_path, pickle.dumps(LET_GO[name](), protocol=4))
+    result = _same_both_ways(tmp_path, pickle.dumps(LET_GO[name](), protocol=protocol))
     assert result["ok"], result
 
 
