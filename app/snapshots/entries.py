@@ -22,7 +22,8 @@ from sys import getrefcount
 from typing import Any
 
 from app.snapshots.load import check_entry
-from app.snapshots.stream import StackRef, Unsupported
+from app.snapshots.memo import DROPPED, EMPTY, StackRef
+from app.snapshots.stream import Unsupported
 from vramlab.contract import MEMORY_VIZ_ACTIONS
 
 ACTIONS = MEMORY_VIZ_ACTIONS
@@ -98,19 +99,15 @@ class Sink:
         self.stacks: list[Any] = [()]  # 0: no frames
         self.weird: set[int] = set()  # stack ids of frames that are not a list or tuple
         self._ids: dict[tuple[int, ...], int] = {}
-        self._ref: list[list[StackRef]] = []  # per stack, the one item its lists keep
         self._token = _NEW_TOKENS
-
-    def _refs(self, sid: int) -> list[StackRef]:
-        while len(self._ref) <= sid:
-            self._ref.append([StackRef(len(self._ref))])
-        return self._ref[sid]
 
     def intern(self, frames: list[Any] | tuple[Any, ...]) -> int:
         """The id of a stack: the same frames (by identity) in the same order."""
         key = tuple(map(id, frames))
         sid = self._ids.get(key)
         if sid is None:
+            if any(f is DROPPED or f is EMPTY for f in frames):
+                raise Unsupported("a frame refers to an object the stream reader let go of")
             sid = self._ids[key] = len(self.stacks)
             self.stacks.append(list(frames))
         return sid
@@ -134,8 +131,10 @@ class Sink:
         the trace (alive, and never changed here), by id; None: every entry stays alive
         (a whole snapshot loaded), so a list's id is its identity. Otherwise the entries
         are emptied once written: a dict cleared, a frames list the memo holds shrunk to
-        its stack's ``StackRef`` (the list stays alive, so its id stays its identity), so
-        that the unpickler's memo holds little."""
+        a ``StackRef`` of its stack and an identity token of its own, so that the
+        unpickler's memo holds little (and ``memo`` then lets go of them: a list let go of
+        comes back, where an entry refers to it again, as that token, a complex number;
+        any other object as ``DROPPED``, which is read whole instead)."""
         trace = self.trace(device)
         pack = RECORD.pack
         buf = trace._buf
@@ -148,7 +147,11 @@ class Sink:
             try:
                 code = CODES[e["action"]]
             except Exception:
-                if type(e) is dict and not e and outside is not None:
+                if outside is not None and (
+                    e is DROPPED
+                    or e is EMPTY
+                    or (type(e) is dict and (not e or e.get("action") in (DROPPED, EMPTY)))
+                ):
                     raise Unsupported("an entry referred to again after it was handed on") from None
                 try:
                     check_entry(e)
@@ -161,20 +164,23 @@ class Sink:
                 sid = token = 0
             elif type(frames) is list:
                 if len(frames) == 1 and type(frames[0]) is StackRef:
-                    sid, token = frames[0].stack, id(frames)
+                    sid, token = frames[0].stack, frames[0].token
                 elif outside is None or id(frames) in outside:
                     sid = intern(frames)
                     token = id(frames)
-                elif getrefcount(frames) > _UNSHARED:
-                    # In the unpickler's memo, so alive to the end: its id is its
-                    # identity. Shrunk to its stack's one shared StackRef.
-                    sid = intern(frames)
-                    token = id(frames)
-                    frames[:] = self._refs(sid)
-                else:  # no one can refer to it again: an identity of its own
+                else:
+                    # An identity of its own; in the unpickler's memo (a later entry may
+                    # refer to it again), shrunk to a StackRef that keeps it.
                     sid = intern(frames)
                     self._token -= 1
                     token = self._token
+                    if getrefcount(frames) > _UNSHARED:
+                        frames[:] = [StackRef(sid, token)]
+            elif type(frames) is complex and outside is not None:
+                # A list handed on that the memo let go of (``memo``): its stack, its identity.
+                sid, token = int(frames.imag), int(frames.real)
+            elif frames is DROPPED:
+                raise Unsupported("frames refer to an object the stream reader let go of")
             elif type(frames) is tuple and outside is None:
                 sid = intern(frames)
                 token = id(frames)
@@ -222,13 +228,12 @@ class Sink:
                     if outside is not None:
                         e.clear()
                     continue
-            trace.odd[index] = (
-                e.get("addr"),
-                size,
-                e.get("stream"),
-                e.get("time_us"),
-                e.get("device_free"),
-            )
+            odd = (e.get("addr"), size, e.get("stream"), e.get("time_us"), e.get("device_free"))
+            if outside is not None and any(
+                v is DROPPED or v is EMPTY or type(v) is complex for v in odd
+            ):
+                raise Unsupported("a field refers to an object the stream reader let go of")
+            trace.odd[index] = odd
             buf += pack(code, ODD, 0, 0, 0, 0, 0, sid, token)
             if outside is not None:
                 e.clear()

@@ -12,17 +12,18 @@ global (``safe_pickle``). It writes into OUT:
 
 The file is read once (``read``): its trace streamed into compact records on disk
 (``stream``, ``entries``), so the parser holds about the pickle's non-trace part, the
-distinct stacks and what the unpickler's memo keeps of each entry, never the trace as
-Python objects; a file the stream reader does not read exactly as an unpickler would is
-unpickled whole as before (``--whole`` forces that, to compare). Then two passes over the
-records: the first (``replay``) finds the peak and the largest blocks, after ``load`` has
-found what was alive before the trace began (a ring buffer that filled up drops its
-oldest entries); the second (``walk``) writes the events (``chunks``) and follows the
-blocks alive at the peak to their end, which their categories need (``summary``,
-``categories``).
+distinct stacks and a placeholder in the unpickler's memo for each object of an entry
+it memoized (``memo``), never the trace as Python objects; a file the stream reader
+does not read exactly as an unpickler would is unpickled whole as before (``--whole``
+forces that, to compare). Then two passes over the records: the first (``replay``)
+finds the peak and the largest blocks, after ``load`` has found what was alive before
+the trace began (a ring buffer that filled up drops its oldest entries); the second
+(``walk``) writes the events (``chunks``) and follows the blocks alive at the peak to
+their end, which their categories need (``summary``, ``categories``).
 """
 
 import argparse
+import gc
 import gzip
 import json
 import sys
@@ -204,4 +205,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # What the parser makes holds no cycles but what a pickle may build, and lives only
+    # as long as this child: the cyclic collector would only walk, again and again, all
+    # that is alive (the unpickler's memo, slot by slot), a fifth of the CPU and more as
+    # the file grows.
+    gc.disable()
     sys.exit(main())

@@ -7,15 +7,17 @@ by ``APPENDS`` of up to 1000 entries at a time. The file is read in two parts:
 - up to the first device's list, opcode by opcode here (the top dict, the segments: a
   small part of the file), so the list is found exactly where it is made;
 - from there on by the C unpickler (``safe_pickle.NoGlobalsUnpickler``: no global is ever
-  resolved), a window of the file at a time, with each device's list replaced by a
-  ``Collector``: ``APPENDS`` hands it a batch of entries, which it gives to the sink
+  resolved), reading the file as it goes (``Feed``), with each device's list replaced by
+  a ``Collector``: ``APPENDS`` hands it a batch of entries, which it gives to the sink
   (``entries.Sink``) and then empties (a dict cleared, a frames list shrunk to a
-  ``StackRef`` that keeps its stack, the list itself its identity: a free recorded with PyTorch's
-  ``context="alloc"`` refers back to its block's very list). The unpickler reads exactly
-  what each opcode needs from an in-memory window, so where it stopped is known: it is
-  stopped after a batch to move the window on, and the stack it had (the top dict, the
-  keys before ``device_traces``, the lists) is given back to it by persistent ids that
-  only this reader knows.
+  ``StackRef`` that keeps its stack, the list itself its identity: a free recorded with
+  PyTorch's ``context="alloc"`` refers back to its block's very list). The unpickler gets
+  the file a buffer at a time (``peek``: its opcodes are read in C), except where a
+  device's list may begin (a list's ``APPENDS`` or ``APPEND`` then ``EMPTY_LIST``): those
+  bytes it gets exactly as each opcode asks for them, so where it stopped after a batch
+  is known. It is stopped there, and the stack it had (the top dict, the keys before
+  ``device_traces``, the lists) is given back to it by persistent ids that only this
+  reader knows, with a collector for the next device's list.
 
 Anything this reader does not read exactly as the whole-file unpickler would (a global,
 protocol 0 or 1, a reference to an entry already handed on, a shape it does not know)
@@ -23,17 +25,17 @@ raises ``Unsupported``; the caller then reads the file whole with ``safe_pickle`
 refuses or reads it as before. The two readers never disagree: one only needs less memory.
 """
 
-import io
 import os
 import pickle
 import struct
 from collections.abc import Callable
 from typing import IO, Any, Protocol
 
+from app.snapshots import memo as memo_
 from app.snapshots import safe_pickle
+from app.snapshots.feed import Feed
 
-WINDOW = 32 << 20  # bytes of the file the unpickler gets at a time
-KEEP = 8 << 20  # past a batch, with less than this left in the window, it moves on
+WINDOW = 32 << 20  # the part before the trace must fit in this many bytes
 
 
 class Unsupported(Exception):
@@ -41,22 +43,13 @@ class Unsupported(Exception):
     unpickler would; read the file whole instead."""
 
 
-class StackRef:
-    """What a frames list handed on holds afterwards: its stack's id."""
-
-    __slots__ = ("stack",)
-
-    def __init__(self, stack: int) -> None:
-        self.stack = stack
-
-
 class Sink(Protocol):
     def batch(self, device: int, items: list[Any], outside: dict[int, Any]) -> None: ...
 
 
 class _Pause(Exception):
-    """Stop the unpickler after a batch: the window moves on (``new_list``: the next
-    opcode makes the next device's list)."""
+    """Stop the unpickler after a batch: the next opcode makes the next device's list
+    (``new_list``), or the next batch begins and the memo is to be cleaned."""
 
     def __init__(self, new_list: bool) -> None:
         self.new_list = new_list
@@ -137,11 +130,12 @@ class Deframer:
 
 
 class _Unpickler(safe_pickle.NoGlobalsUnpickler):
-    def __init__(self, f: IO[bytes], objects: list[Any], key: str, memo: list[Any]) -> None:
+    def __init__(self, f: Feed, objects: list[Any], key: str, memo: list[Any]) -> None:
         super().__init__(f)
         self.objects = objects
         self.memo_values = memo
         self.key = key
+        self.cleaner: memo_.Memo | None = None
 
     def persistent_load(self, pid: Any) -> Any:
         """Our own ids (a random key the file cannot know): the stack and the memo."""
@@ -149,6 +143,8 @@ class _Unpickler(safe_pickle.NoGlobalsUnpickler):
             n = pid[len(self.key) :]
             if n[:1] == "m":
                 return self.memo_values[int(n[1:])]
+            if n in ("p", "D", "E") and self.cleaner is not None:
+                return self.cleaner.named(n)
             return self.objects[int(n)]
         return super().persistent_load(pid)
 
@@ -165,10 +161,9 @@ class Reader:
         self.traces_at = -1  # where the device_traces list is on the stack
         # Lists memoized before the trace: kept alive, so their ids stay theirs.
         self.outside: dict[int, Any] = {}
-        self.window: io.BytesIO | None = None
-        self.biggest = 0  # the largest batch so far, in bytes
-        self.last = 0  # where the last batch ended in the window
-        self.size = 0  # the window's bytes
+        self.feed: Feed | None = None
+        self.since = 0  # entries handed on since the memo was last cleaned
+        self.recent: list[Any] = []  # and those entries
 
     def read(self) -> dict[Any, Any]:
         try:
@@ -292,7 +287,7 @@ class Reader:
             else:
                 raise Unsupported(f"opcode {bytes([op])!r} before the trace")
 
-    # Part two: the C unpickler, a window at a time. ---------------------------------
+    # Part two: the C unpickler, to the end. -----------------------------------------
     def _rest(
         self, stack: list[Any], marks: list[int], source: Deframer, tail: bytes
     ) -> dict[Any, Any]:
@@ -302,24 +297,26 @@ class Reader:
         collectors = [Collector(self, 0)]
         objects = [*stack, collectors[0]]
         key = f"vramlab-{os.urandom(8).hex()}-"
-        window = io.BytesIO()
-        self.window = window
+        feed = Feed(source)
+        self.feed = feed
         # The memo as the first part left it (the same slots, the same count): put by
         # opcodes, as the unpickler's memo setter loses a dict's values (CPython 3.11).
         values = list(self.memo.values())
-        unpickler = _Unpickler(window, [], key, values)
-        window.write(
+        unpickler = _Unpickler(feed, [], key, values)
+        feed.inject(
             b"".join(
                 f"P{key}m{n}\n".encode() + b"r" + struct.pack("<I", slot) + b"0"
                 for n, slot in enumerate(self.memo)
             )
             + b"N."
         )
-        window.seek(0)
         unpickler.load()
         unpickler.objects = objects
         unpickler.memo_values = []
+        cleaner = memo_.Memo(unpickler, feed, key, len(self.memo))
+        unpickler.cleaner = cleaner
         self.memo = {}
+        feed.start(tail)
         while True:
             prelude = bytearray()
             at_mark = set(marks)
@@ -327,45 +324,35 @@ class Reader:
                 if n in at_mark:
                     prelude += b"("
                 prelude += f"P{key}{n}\n".encode()
-            if len(tail) < 16:
-                tail += source.read(WINDOW)
-            put = _PUTS.get(tail[0], 0) if tail else 0
-            if tail[put : put + 1] == b"]":
-                # The list just made stays empty: the next device's list comes next.
-                if put:
-                    window.seek(0)
-                    window.truncate(0)
-                    window.write(bytes(prelude) + tail[:put] + b"N.")
-                    window.seek(0)
-                    unpickler.load()  # memoizes the collector, as the list would have been
-                collectors.append(Collector(self, len(collectors)))
-                objects.append(collectors[-1])
-                tail = tail[put + 1 :]
-                continue
-            window.seek(0)
-            window.truncate(0)
-            window.write(prelude)
-            window.write(tail)
-            window.write(source.read(WINDOW - len(tail)))
-            self.size = window.tell()
-            window.seek(0)
-            self.last = len(prelude)
+            head = feed.ahead(16)
+            put = _PUTS.get(head[0], 0) if head else 0
             try:
-                result = unpickler.load()
-            except _Pause as pause:
-                buffer = window.getbuffer()
-                try:
-                    tail = bytes(buffer[window.tell() :])
-                finally:
-                    del buffer
-                if pause.new_list:
-                    # The next device's list: a collector of its own in its place.
+                if head[put : put + 1] == b"]":
+                    # The list just made stays empty: the next device's list comes next.
+                    feed.skip(put + 1)
+                    if put:
+                        feed.inject(bytes(prelude) + head[:put] + b"N.")
+                        unpickler.load()  # memoizes the collector, as the list would have been
                     collectors.append(Collector(self, len(collectors)))
                     objects.append(collectors[-1])
-                    tail = tail[1:]
-                continue
+                    continue
+                feed.inject(bytes(prelude))
+                try:
+                    result = unpickler.load()
+                except _Pause as pause:
+                    if pause.new_list:
+                        # The next device's list: a collector of its own in its place.
+                        feed.skip(1)
+                        collectors.append(Collector(self, len(collectors)))
+                        objects.append(collectors[-1])
+                    else:
+                        self.recent = []
+                        cleaner.clean()
+                        feed.want = False
+                        self.since = 0
+                    continue
             except (EOFError, pickle.UnpicklingError) as exc:
-                raise Unsupported(f"past the window: {exc}") from None
+                raise Unsupported(f"past the stream: {exc}") from None
             break
         traces = self.traces
         if (
@@ -376,27 +363,32 @@ class Reader:
             or any(a is not b for a, b in zip(traces, collectors, strict=True))
         ):
             raise Unsupported("device_traces is not where it was built")
+        before = {id(o) for o in objects}  # made before the trace
+        after = [o for o in (*top, *top.values()) if id(o) not in before]
+        if memo_.handed_on(after, self.recent):
+            raise Unsupported("what follows the trace refers back to an entry handed on")
+        self.recent = []
         traces[:] = [[] for _ in collectors]
         return top
 
     def take(self, device: int, items: list[Any]) -> None:
-        """A batch for ``device``'s list: to the sink; then stop to move the window on
-        if little of it is left, or if the next device's list comes next."""
+        """A batch for ``device``'s list: to the sink; then stop if the next device's list
+        comes next (``EMPTY_LIST``), or, once ``memo.EVERY`` entries have gone by, the next
+        batch (``MARK``), to clean the memo. Both are only ever seen where the feed is
+        ``exact``."""
+        self.recent += items
         self.sink.batch(device, items, self.outside)
-        window = self.window
-        assert window is not None
-        here = window.tell()
-        self.biggest = max(self.biggest, here - self.last)
-        self.last = here
-        buffer = window.getbuffer()
-        try:
-            following = buffer[here] if here < len(buffer) else -1
-        finally:
-            del buffer
-        if following == 0x5D:  # EMPTY_LIST: the next device's list
-            raise _Pause(new_list=True)
-        if following == 0x28 and self.size - here < max(KEEP, 4 * self.biggest):
-            raise _Pause(new_list=False)
+        feed = self.feed
+        assert feed is not None
+        self.since += len(items)
+        if self.since >= memo_.EVERY:
+            feed.want = True
+        if feed.exact:
+            following = feed.ahead(1)
+            if following == b"]":
+                raise _Pause(new_list=True)
+            if following == b"(" and feed.want:
+                raise _Pause(new_list=False)
 
 
 _STRINGS = {

@@ -5,6 +5,7 @@ recording whose frees share their block's frames list, several devices, values t
 not plain integers); and what it refuses, it refuses as before."""
 
 import copy
+import gc
 import gzip
 import json
 import pickle
@@ -14,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from app.snapshots import parse, read
+from app.snapshots import memo, parse, read
+from app.snapshots.entries import Sink
 from tests.snapshots import loops
 from tests.snapshots.synthetic import training_snapshot
 from tests.snapshots.test_real import CASES, DATA
@@ -162,3 +164,108 @@ def test_nesting_where_frames_should_be_is_refused(tmp_path: Path) -> None:
     )
     result = _same_both_ways(tmp_path, body)
     assert result["type"] == "invalid" and "a frame is not a dict" in result["message"]
+
+
+@pytest.mark.parametrize("pattern", [b"e]", b"a]"])
+def test_bytes_like_a_device_list_beginning_read_the_same(tmp_path: Path, pattern: bytes) -> None:
+    """The unpickler gets the file a buffer at a time, but the bytes where a device's list
+    may begin (a list's APPENDS or APPEND, then EMPTY_LIST) one read at a time, so that
+    it is stopped exactly there. Here every entry has those bytes (the memo index of the
+    key 'frames' is that of 'e' or 'a', and a frames list follows it), over several
+    devices: streamed, the same as read whole."""
+    snap = _devices()
+    snap["device_traces"][3] = training_snapshot(iterations=30, layers=2)["device_traces"][0]
+
+    def body(pad: int) -> bytes:
+        return pickle.dumps({"pad": [f"s{i}" for i in range(pad)], **snap}, protocol=4)
+
+    dense = body(max(range(300), key=lambda pad: body(pad).count(pattern)))
+    assert dense.count(pattern) > sum(len(t) for t in snap["device_traces"])
+    result = _same_both_ways(tmp_path, dense)
+    assert result["ok"] and result["summary"]["entries"] == len(snap["device_traces"][3])
+
+
+def _segments_after_sharing() -> dict[str, Any]:
+    """Segments after the trace whose blocks hold lists and dicts of the trace's
+    entries: the pickle refers back to them past the trace."""
+    snap = _context_alloc()
+    trace = snap["device_traces"][0]
+    block = snap["segments"][0]["blocks"][0]
+    block["frames"] = trace[5]["frames"]
+    block["extra"] = trace[7]
+    return {"device_traces": snap["device_traces"], "segments": snap["segments"]}
+
+
+def _long(make: Callable[[], dict[str, Any]], times: int) -> Callable[[], dict[str, Any]]:
+    """``make``'s snapshot with its longest trace ``times`` over (deep copies, so a
+    pickle of it writes its entries anew), in several batches of the pickle's APPENDS."""
+
+    def made() -> dict[str, Any]:
+        snap = make()
+        traces = snap["device_traces"]
+        longest = max(range(len(traces)), key=lambda i: len(traces[i]))
+        traces[longest] = [e for _ in range(times) for e in copy.deepcopy(traces[longest])]
+        return snap
+
+    return made
+
+
+LET_GO = {
+    "training": _long(lambda: training_snapshot(iterations=40, layers=4, stack_depth=8), 6),
+    "context alloc": _long(lambda: loops.adam_loop(context="alloc", accumulate=2)[0], 60),
+    "frees share their block's list": _long(_context_alloc, 6),
+    "several devices": _long(_devices, 200),
+    "odd values": _long(_odd, 300),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LET_GO))
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_what_the_memo_lets_go_of_reads_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str, protocol: int
+) -> None:
+    """The memo let go of every 50 entries (its slots put again with placeholders):
+    the same as read whole, where later entries refer back to lists let go of too."""
+    monkeypatch.setattr(memo, "EVERY", 50)
+    result = _same_both_ways(tmp_path, pickle.dumps(LET_GO[name](), protocol=protocol))
+    assert result["ok"], result
+
+
+def test_what_refers_to_an_object_let_go_of_is_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(memo, "EVERY", 50)
+    body = pickle.dumps(_segments_after_sharing(), protocol=4)
+    result = _same_both_ways(tmp_path, body, streams=False)
+    assert result["ok"], result
+
+
+def test_the_memo_keeps_no_entry_of_a_memoized_pickle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """PyTorch's pickle memoizes each entry's dict, frames list and strings; the stream
+    reader lets go of them every ``memo.EVERY`` entries, so the objects alive while it
+    reads do not grow with the trace (counted at each batch, by the garbage collector's
+    count of containers: dicts and lists)."""
+    monkeypatch.setattr(memo, "EVERY", 2000)
+    snap = training_snapshot(iterations=600, layers=4, stack_depth=8)
+    entries = len(snap["device_traces"][0])
+    assert entries > 20_000
+    src = tmp_path / "snapshot.pickle"
+    src.write_bytes(pickle.dumps(snap, protocol=4))
+    del snap
+    counts: list[int] = []
+    batch = Sink.batch
+
+    def counted(self: Sink, device: int, items: list[Any], outside: Any) -> None:
+        batch(self, device, items, outside)
+        counts.append(len(gc.get_objects()))
+
+    monkeypatch.setattr(Sink, "batch", counted)
+    loaded = read.load(src, tmp_path, 2**31, False)
+    loaded.sink.remove()
+    assert loaded.streamed and len(counts) > 20
+    # Kept, each entry's dict and frames list (and its StackRef): 3 containers an entry
+    # would be 3000 more each batch; let go of, they come and go (up to ``EVERY``
+    # entries and the few batches before the reader can stop between two).
+    assert max(counts[2:]) - min(counts[2:]) < 3 * (2000 + 4 * 1000) < 3 * entries // 3
