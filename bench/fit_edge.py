@@ -5,7 +5,7 @@ that really runs, on the whole card and on an emulated 24 GiB card.
 Prediction: workers/models/predict.py on fake tensors (no device), each batch's step
 replayed through the caching-allocator model under the capacity; on the whole card the
 capacity is what the allocator can reserve there (bench/usable_memory.py's
-``usable_for_training``, read from --usable or measured first). Measurement: a plain
+``usable_for_training_filled``, read from --usable or measured first). Measurement: a plain
 PyTorch + transformers loop (three steps: zero_grad, forward, backward, AdamW step) in a
 fresh CUDA process per trial, forked from a server that imported torch and transformers
 and never touched CUDA; the emulated card is ``set_per_process_memory_fraction``. The
@@ -32,11 +32,11 @@ GiB = 2**30
 EMULATED = 24 * GiB
 STEPS = 3  # a fit trial's two steps and the category tally's third
 CASES: dict[str, dict[str, Any]] = {
-    "gpt2 fp32": {"model": "gpt2", "seq_len": 1024},
-    "gpt2 bf16-autocast": {"model": "gpt2", "seq_len": 1024, "precision": "bf16-autocast"},
-    "gpt2 checkpointing": {"model": "gpt2", "seq_len": 1024, "checkpointing": True},
+    "gpt2-fp32": {"model": "gpt2", "seq_len": 1024},
+    "gpt2-bf16-autocast": {"model": "gpt2", "seq_len": 1024, "precision": "bf16-autocast"},
+    "gpt2-checkpointing": {"model": "gpt2", "seq_len": 1024, "checkpointing": True},
     "bert-base": {"model": "bert-base", "seq_len": 512},
-    "llama-1b bf16": {"model": "llama-1b", "seq_len": 1024, "precision": "bf16"},
+    "llama-1b-bf16": {"model": "llama-1b", "seq_len": 1024, "precision": "bf16"},
     "vit-base": {"model": "vit-base"},
 }
 
@@ -202,15 +202,17 @@ def edge(fits: Callable[[int], bool], start: int) -> int:
 
 
 def usable_bytes(path: Path | None) -> int:
+    """What the allocator can reserve on the whole card beside a training step's cuBLAS
+    handles, segment after segment (bench/usable_memory.py)."""
     if path is not None and path.exists():
-        return int(json.loads(path.read_text())["usable_for_training"])
+        return int(json.loads(path.read_text())["usable_for_training_filled"])
     done = subprocess.run(
         [sys.executable, "-m", "bench.usable_memory", "--probe", "cublas"],
         capture_output=True,
         text=True,
         check=True,
     )
-    return int(json.loads(done.stdout.strip().splitlines()[-1])["usable_for_training"])
+    return int(json.loads(done.stdout.strip().splitlines()[-1])["usable_for_training_filled"])
 
 
 def main() -> None:
