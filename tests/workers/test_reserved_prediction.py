@@ -57,14 +57,17 @@ def test_a_deep_models_log_extended_from_three_blocks_equals_it_traced_whole(
 
 
 def test_deepening_refuses_blocks_that_do_not_repeat() -> None:
-    """T5's first block alone has the relative attention bias: traced whole instead."""
-    from workers.models.alloc_log import NotRegular
+    """T5's first block alone has the relative attention bias, and a log whose blocks
+    were not told apart cannot be deepened: such models are traced whole instead."""
+    from workers.models.alloc_log import Event, NotRegular
 
     params = {"model": "tiny-t5", "config": {"num_layers": 3}, "optimizer_impl": "foreach"}
     _, log = _trace(params, True, logged=True, blocks=3)
     assert log is not None
     with pytest.raises(NotRegular):
         deepen(log.events, 6)
+    with pytest.raises(NotRegular):
+        deepen([Event(1, 4096, "forward", None), Event(1, -1, "forward", None)], 6)
 
 
 def test_predicted_reserved_is_the_step_replayed_through_the_allocator() -> None:

@@ -263,6 +263,8 @@ def deepen(events: Sequence[Event], depth: int) -> list[tuple[int, int]]:
     ]
     runs = _runs(events)
     sweeps = _sweeps(runs)
+    if not sweeps:
+        raise NotRegular("no stack of blocks was seen")
     # Each allocation of a block: (sweep, block in the trace, ordinal in its run).
     place: dict[int, tuple[int, int, int]] = {}
     ordinals: dict[tuple[int, int], list[int]] = {}  # (sweep, block) -> allocations' keys
