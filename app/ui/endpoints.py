@@ -123,10 +123,8 @@ def run_preset(
     signal: SignalDep,
     now: NowDep,
     who: Annotated[Principal, require("submit")],
-    device: Annotated[str | None, Form(max_length=16)] = None,
-    size: Annotated[Literal["small", "medium", "large"], Form()] = "medium",
+    run: Annotated[PresetRun, Form()],
 ) -> RedirectResponse:
-    run = PresetRun(device=device or None, size=size)
     exp = presets.queue(s, name, run, settings, signal, now, who.id)
     s.flush()
     return RedirectResponse(f"/ui/experiments/{exp.id}", status_code=303)

@@ -1,5 +1,6 @@
-"""Schemathesis against the live API's OpenAPI schema: no response of 500 or more, and
-every response (status, content type, body) as the schema documents it. Bounded in time."""
+"""Schemathesis against the live API's OpenAPI schema, on each database, with tokens on:
+no response of 500 or more, and every response (status, content type, body) as the schema
+documents it. Bounded: 30 examples an operation and 60 seconds an engine by default."""
 
 import os
 import shutil
@@ -23,7 +24,6 @@ CHECKS = ",".join(
 )
 
 
-@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_schemathesis_finds_nothing(database_url: str, tmp_path: Path) -> None:
     st = shutil.which("schemathesis", path=os.path.dirname(sys.executable))
     if st is None:
@@ -42,7 +42,7 @@ def test_schemathesis_finds_nothing(database_url: str, tmp_path: Path) -> None:
             "--max-examples",
             os.environ.get("VRAMLAB_SCHEMATHESIS_EXAMPLES", "30"),
             "--max-time",
-            os.environ.get("VRAMLAB_SCHEMATHESIS_SECONDS", "90"),
+            os.environ.get("VRAMLAB_SCHEMATHESIS_SECONDS", "60"),
             "--report",
             "ndjson",
             "--report-dir",
