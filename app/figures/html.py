@@ -261,12 +261,13 @@ def _legend_rows(
     return rows
 
 
-def page(chart: Chart) -> str:
+def page(chart: Chart, nonce: str) -> str:
+    """The chart as a page of its own; its script carries the response's CSP nonce."""
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{_e(chart.title)}</title></head>"
         '<body style="font-family:sans-serif;max-width:960px;margin:1em auto">'
         + fragment(chart)
-        + SCRIPT
+        + SCRIPT.replace("<script>", f'<script nonce="{nonce}">', 1)
         + "</body></html>"
     )

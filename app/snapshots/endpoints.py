@@ -18,7 +18,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.datastructures import FormData, UploadFile
 
 from app.access.tokens import Principal
-from app.api.deps import SHORT_ID, NowDep, SessionDep, SettingsDep, get_db, require
+from app.api.deps import SHORT_ID, NonceDep, NowDep, SessionDep, SettingsDep, get_db, require
 from app.core.db import Database
 from app.core.errors import ERROR_RESPONSES, TooManyRequests
 from app.experiments import service as experiments
@@ -279,8 +279,10 @@ def _memory_viz(db: Database, snapshot_id: str, device: str) -> Generator[bytes,
     response_class=Response,
     dependencies=[require("read")],
 )
-def timeline(exp: SnapshotDep, s: SessionDep, format: FigureFormat = "html") -> Response:
+def timeline(
+    exp: SnapshotDep, s: SessionDep, nonce: NonceDep, format: FigureFormat = "html"
+) -> Response:
     """Bands (each large block from its alloc to its free, named by its inferred category)
     for traces of up to 500,000 entries; past that, allocated and reserved from the points
     kept at import (about 2,000), so a snapshot of millions of entries draws at once."""
-    return respond(snapshots.timeline(s, exp), format)
+    return respond(snapshots.timeline(s, exp), format, nonce)
