@@ -1,6 +1,6 @@
 """Schemathesis against the live API's OpenAPI schema, on each database, with tokens on:
 no response of 500 or more, and every response (status, content type, body) as the schema
-documents it. Bounded: 30 examples an operation and 60 seconds an engine by default."""
+documents it. Bounded: 30 examples an operation and 90 seconds an engine by default."""
 
 import os
 import shutil
@@ -42,7 +42,7 @@ def test_schemathesis_finds_nothing(database_url: str, tmp_path: Path) -> None:
             "--max-examples",
             os.environ.get("VRAMLAB_SCHEMATHESIS_EXAMPLES", "30"),
             "--max-time",
-            os.environ.get("VRAMLAB_SCHEMATHESIS_SECONDS", "60"),
+            os.environ.get("VRAMLAB_SCHEMATHESIS_SECONDS", "90"),
             "--report",
             "ndjson",
             "--report-dir",
