@@ -3,13 +3,13 @@
     python bench/slow_uploads.py [--trickles 10] [--uploads 5] [--size-mib 4]
                                  [--database-url URL] [--window 30]
 
-The API runs open on a temporary SQLite file (or the database given), so a submitter is
-its address: one client, from 127.0.0.2, opens ``--trickles`` connections that each
-declare a 1 GiB snapshot and send a kilobyte a second (the issue's repro). Meanwhile
-another client, from 127.0.0.1, imports a synthetic snapshot of ``--size-mib`` MiB
-``--uploads`` times, one after another; the same imports are timed first with no trickle
-open. Printed: how the trickles were answered and when, and the other client's import
-times with and without them, side by side.
+The API (and an idle CPU worker) runs open on a temporary SQLite file (or the database
+given), so a submitter is its address: one client, from 127.0.0.2, opens ``--trickles``
+connections that each declare a 1 GiB snapshot and send a kilobyte a second (the issue's
+repro). Meanwhile another client, from 127.0.0.1, imports a synthetic snapshot of
+``--size-mib`` MiB ``--uploads`` times, one after another; the same imports are timed
+first with no trickle open. Printed: how the trickles were answered and when, and the
+other client's import times with and without them, side by side.
 """
 
 import argparse
@@ -18,18 +18,15 @@ import os
 import select
 import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
 
 import httpx
-from service import _free_port
+from service import _free_port, running_service
 from snapshot_import import write_snapshot
 
-ROOT = Path(__file__).resolve().parent.parent
 SLOW = "127.0.0.2"
 
 
@@ -93,57 +90,30 @@ def main() -> int:
     body = snap.read_bytes()
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
-    env = {
-        **os.environ,
-        "VRAMLAB_DATABASE_URL": args.database_url or f"sqlite:///{tmp / 'bench.db'}",
-        "VRAMLAB_SNAPSHOT_UPLOAD_WINDOW_SECONDS": str(args.window),
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-    }
-    log = (tmp / "service.log").open("wb")
-    api = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--log-level", "warning"],
-        env=env,
-        stdout=log,
-        stderr=log,
-    )
+    os.environ["VRAMLAB_SNAPSHOT_UPLOAD_WINDOW_SECONDS"] = str(args.window)
     trickles: list[Trickle] = []
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline or api.poll() is not None:
-                raise SystemExit(f"the API did not start; see {tmp / 'service.log'}")
-            time.sleep(0.2)
-
-        alone, alone_answers = _imports(url, body, args.uploads)
-        trickles = [Trickle(port) for _ in range(args.trickles)]
-        for t in trickles:
-            t.start()
-        # Past its share (2 by default) the client is refused at once: wait for that.
-        deadline = time.monotonic() + 60
-        while sum(t.answered_after is not None for t in trickles) < args.trickles - 2:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        beside, beside_answers = _imports(url, body, args.uploads)
-        open_then = sum(1 for t in trickles if t.answered_after is None)
-        # Each admitted trickle is cut at the end of its first window; give up a window
-        # past that (the code before this rule never cut one).
-        deadline = time.monotonic() + 2 * args.window + 10
-        for t in trickles:
-            t.join(timeout=max(0.0, deadline - time.monotonic()))
-    finally:
-        for t in trickles:
-            t.stop.set()
-        api.terminate()
+    with running_service("cpu", port=port, database_url=args.database_url):
         try:
-            api.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            api.kill()
+            alone, alone_answers = _imports(url, body, args.uploads)
+            trickles = [Trickle(port) for _ in range(args.trickles)]
+            for t in trickles:
+                t.start()
+            # Past its share (2 by default) the client is refused at once: wait for that.
+            deadline = time.monotonic() + 60
+            while sum(t.answered_after is not None for t in trickles) < args.trickles - 2:
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.05)
+            beside, beside_answers = _imports(url, body, args.uploads)
+            open_then = sum(1 for t in trickles if t.answered_after is None)
+            # Each admitted trickle is cut at the end of its first window; give up a
+            # window past that (the code before this rule never cut one).
+            deadline = time.monotonic() + 2 * args.window + 10
+            for t in trickles:
+                t.join(timeout=max(0.0, deadline - time.monotonic()))
+        finally:
+            for t in trickles:
+                t.stop.set()
 
     print(f"\n{args.trickles} trickles of 1 KiB/s from one address; window {args.window:g} s")
     print(f"{'answer':<34} {'count':>5} {'after (s)':>16}")
