@@ -5,7 +5,6 @@ import contextlib
 import gc
 import logging
 import secrets
-import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -38,6 +37,7 @@ from app.queue import endpoints as worker_protocol
 from app.queue import reaper
 from app.queue import workers_endpoints as workers
 from app.snapshots import endpoints as snapshots
+from app.snapshots.admission import Admission
 from app.sweeps import endpoints as sweeps
 from app.traces import endpoints as traces
 from app.ui import endpoints as ui
@@ -141,7 +141,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.session_key = (
         settings.session_secret.encode() if settings.session_secret else secrets.token_bytes(32)
     )
-    app.state.snapshot_slots = threading.BoundedSemaphore(settings.snapshot_imports_at_once)
+    app.state.snapshot_admission = Admission(settings)
     # Each app its own registry: tests run several apps in one process.
     app.state.metrics = CollectorRegistry(auto_describe=False)
     app.state.metrics.register(QueueCollector(app.state.db, settings, lambda: app.state.clock()))

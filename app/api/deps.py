@@ -85,7 +85,15 @@ async def now(clock: Annotated[Callable[[], datetime], Depends(get_clock)]) -> d
     return clock()
 
 
+async def csp_nonce(request: Request) -> str:
+    """This response's Content-Security-Policy nonce (``app/api/edge.py`` makes one for
+    every request): a page's scripts run only if they carry it."""
+    nonce: str = request.state.csp_nonce
+    return nonce
+
+
 SessionDep = Annotated[Session, Depends(session, scope="function")]
+NonceDep = Annotated[str, Depends(csp_nonce)]
 DatabaseDep = Annotated[Database, Depends(get_db)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SignalDep = Annotated[WorkSignal, Depends(get_signal)]

@@ -5,7 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
-from app.api.deps import SessionDep, require
+from app.api.deps import NonceDep, SessionDep, require
 from app.compare import service
 from app.compare.schemas import CompareOut
 from app.core.errors import ERROR_RESPONSES
@@ -39,5 +39,5 @@ def compare(ids: Ids, s: SessionDep) -> CompareOut:
     responses=FIGURE_RESPONSES,
     response_class=Response,
 )
-def timeline(ids: Ids, s: SessionDep, format: FigureFormat = "html") -> Response:
-    return respond(figures.overlay(s, service.load(s, service.parse_ids(ids))), format)
+def timeline(ids: Ids, s: SessionDep, nonce: NonceDep, format: FigureFormat = "html") -> Response:
+    return respond(figures.overlay(s, service.load(s, service.parse_ids(ids))), format, nonce)

@@ -92,8 +92,18 @@ class Settings(BaseSettings):
     # The child process that parses a snapshot: its address-space limit and its time.
     snapshot_parse_memory_bytes: int = 16 * 2**30
     snapshot_parse_seconds: float = 600.0
-    # Imports parsed at once; more get 429 (each may hold several GiB while it parses).
-    snapshot_imports_at_once: int = 1
+    # Imports parsed at once (each may hold several GiB while it parses); an upload whose
+    # body has been read waits its turn, up to snapshot_parse_seconds, then gets 429.
+    snapshot_imports_at_once: int = Field(default=1, ge=1)
+    # Uploads in flight at once (read, waiting for the import slot, or imported), and of
+    # one submitter (its token; its address when tokens are off); past either, 429 at
+    # once, before the body is read. Each holds a temp file of up to max_snapshot_bytes.
+    snapshot_uploads_at_once: int = Field(default=8, ge=1)
+    snapshot_uploads_per_submitter: int = Field(default=2, ge=1)
+    # The body must come at this rate at least, over each window of this many seconds
+    # (a body that brings less is cut with 408), so that a trickle holds nothing long.
+    snapshot_upload_min_bytes_per_second: int = Field(default=64 * 2**10, ge=1)
+    snapshot_upload_window_seconds: float = Field(default=30.0, gt=0)
     # Database connections of this process: at most pool + overflow at once (unset: 5 + 40
     # on SQLite, where connections are cheap and writers queue on an in-process lock;
     # 10 + 10 on PostgreSQL, whose server has a connection budget: see docs/design.md).

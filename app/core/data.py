@@ -1,5 +1,6 @@
 """Free-form JSON from clients and workers (op params, scenario steps, worker extras and
-progress), checked as data before anything stores or runs it.
+progress), checked as data before anything stores or runs it; and every request body
+(``RequestBody``), checked whole the same way before its fields are.
 
 Python's JSON parser takes what JSON does not allow (``NaN``, ``-Infinity``) and what no
 database stores (lone UTF-16 surrogates; NUL in PostgreSQL), and integers of any size.
@@ -11,7 +12,7 @@ a row from before a rule was added still renders.
 import math
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, StringConstraints, ValidationInfo
+from pydantic import AfterValidator, BaseModel, StringConstraints, ValidationInfo, model_validator
 
 # JSON numbers that the database, PyTorch and every client read exactly.
 MAX_INT = 2**63 - 1
@@ -85,3 +86,38 @@ def _check(value: Any, info: ValidationInfo) -> Any:
 # Annotated[<type>, AS_DATA] checks a value of any JSON type.
 AS_DATA = AfterValidator(_check)
 DataDict = Annotated[dict[str, Any], AS_DATA]
+
+
+def locate(value: Any, depth: int = 0) -> str:
+    """Where in ``value`` lies the first thing that ``problem`` refuses, as a field path
+    (``results[0].lease_token``); empty for ``value`` itself. Only on the error path."""
+    if depth <= MAX_DEPTH and isinstance(value, dict | list | tuple):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for key, item in items:
+            if isinstance(key, str) and _text_problem(key) is not None:
+                return ""  # the key itself: the object is at fault
+            if problem(item, depth + 1) is not None:
+                inner = locate(item, depth + 1)
+                step = f"[{key}]" if isinstance(key, int) else str(key)
+                sep = "" if not inner or inner.startswith("[") else "."
+                return f"{step}{sep}{inner}"
+    return ""
+
+
+class RequestBody(BaseModel):
+    """A JSON request body, checked whole as data before its fields are: every string in
+    it, however deep and whatever its field (a lease token, a worker id, a name, a tag, a
+    key), without NUL or a lone surrogate; every number finite and within 64 bits. No
+    field of any body, present or to come, can then bring the database text that it
+    cannot store (PostgreSQL refuses NUL) as a 500: each body model derives from this
+    class (``tests/api/test_storable_text.py`` sends every string of every body)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _storable(cls, value: Any, info: ValidationInfo) -> Any:
+        if isinstance(info.context, dict) and info.context.get("stored"):
+            return value
+        if (why := problem(value)) is not None:
+            where = locate(value)
+            raise ValueError(f"{where}: {why}" if where else why)
+        return value

@@ -81,6 +81,13 @@ class PayloadTooLarge(ApiError):
     type = "payload_too_large"
 
 
+class RequestTimeout(ApiError):
+    """The request's body came too slowly."""
+
+    status_code = 408
+    type = "request_timeout"
+
+
 def _body(type_: str, message: str, details: Any = None) -> dict[str, Any]:
     return ErrorResponse.model_validate(
         {"error": {"type": type_, "message": message, "details": details}}

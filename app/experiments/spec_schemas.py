@@ -4,7 +4,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from app.core.data import TEXT_PATTERN, DataDict
+from app.core.data import TEXT_PATTERN, DataDict, RequestBody
 from vramlab.contract import Isolation
 
 Tag = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f]+$")]
@@ -38,7 +38,7 @@ class Requirements(BaseModel):
     min_memory_bytes: int | None = Field(default=None, ge=0, le=2**50, strict=True)
 
 
-class ExperimentSpec(BaseModel):
+class ExperimentSpec(RequestBody):
     """One experiment: an op from the catalog, its shapes, dtype, device and options."""
 
     model_config = ConfigDict(

@@ -5,7 +5,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from fastapi.responses import Response
 
-from app.api.deps import ExperimentDep, SessionDep, require
+from app.api.deps import ExperimentDep, NonceDep, SessionDep, require
 from app.core.errors import ERROR_RESPONSES
 from app.figures import service as figures
 from app.figures.responses import FIGURE_RESPONSES, FigureFormat, respond
@@ -34,7 +34,9 @@ def peak(
     responses=FIGURE_RESPONSES,
     response_class=Response,
 )
-def timeline(exp: ExperimentDep, s: SessionDep, format: FigureFormat = "html") -> Response:
+def timeline(
+    exp: ExperimentDep, s: SessionDep, nonce: NonceDep, format: FigureFormat = "html"
+) -> Response:
     """Phases marked, the peak and the largest blocks labelled. ``html`` is interactive
     (hover for values) and needs no network; ``svg`` and ``png`` are drawn by matplotlib."""
-    return respond(figures.timeline(s, exp), format)
+    return respond(figures.timeline(s, exp), format, nonce)

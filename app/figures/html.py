@@ -17,8 +17,8 @@ LEGEND_ROW = 18
 
 # One script serves every chart on a page: it reads each chart's data from its JSON block
 # and shows, at the pointer's x, the value of every line and what the band under it is.
-SCRIPT = """
-<script>
+# Without its tag: each page wraps it in one that carries the response's CSP nonce.
+CHART_JS = """
 (function () {
   function human(n) {
     var u = ["B", "KiB", "MiB", "GiB", "TiB"], v = n, i = 0;
@@ -72,7 +72,6 @@ SCRIPT = """
     });
   });
 })();
-</script>
 """
 
 
@@ -261,12 +260,13 @@ def _legend_rows(
     return rows
 
 
-def page(chart: Chart) -> str:
+def page(chart: Chart, nonce: str) -> str:
+    """The chart as a page of its own; its script carries the response's CSP nonce."""
     return (
         '<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
         f"<title>{_e(chart.title)}</title></head>"
         '<body style="font-family:sans-serif;max-width:960px;margin:1em auto">'
         + fragment(chart)
-        + SCRIPT
+        + f'<script nonce="{nonce}">{CHART_JS}</script>'
         + "</body></html>"
     )

@@ -17,9 +17,10 @@ FIGURE_RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def respond(chart: Chart, fmt: FigureFormat) -> Response:
+def respond(chart: Chart, fmt: FigureFormat, nonce: str) -> Response:
+    """``nonce``: this response's CSP nonce (``NonceDep``), which the page's script needs."""
     if fmt == "html":
-        return HTMLResponse(html.page(chart))
+        return HTMLResponse(html.page(chart, nonce))
     # Imported here: matplotlib costs a second at import, paid on the first plot only.
     from app.figures import mpl
 

@@ -6,7 +6,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import Response
 
 from app.access.tokens import Principal
-from app.api.deps import SHORT_ID, NowDep, SessionDep, SettingsDep, get_db, require
+from app.api.deps import SHORT_ID, NonceDep, NowDep, SessionDep, SettingsDep, get_db, require
 from app.core.db import Database
 from app.core.errors import ERROR_RESPONSES
 from app.figures.responses import FIGURE_RESPONSES, FigureFormat, respond
@@ -91,5 +91,5 @@ def cancel(fit_id: FitId, s: SessionDep, now: NowDep) -> FitOut:
     response_class=Response,
     dependencies=[require("read")],
 )
-def plot(fit_id: FitId, s: SessionDep, format: FigureFormat = "html") -> Response:
-    return respond(fits.chart(fits.read(s, fits.get(s, fit_id))), format)
+def plot(fit_id: FitId, s: SessionDep, nonce: NonceDep, format: FigureFormat = "html") -> Response:
+    return respond(fits.chart(fits.read(s, fits.get(s, fit_id))), format, nonce)

@@ -5,7 +5,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.core.data import AS_DATA, DataDict
+from app.core.data import AS_DATA, DataDict, RequestBody
 from vramlab.contract import FitStatus, Status
 
 MAX_VARIANTS = 8
@@ -28,7 +28,7 @@ class FitRequirements(BaseModel):
     )
 
 
-class FitIn(BaseModel):
+class FitIn(RequestBody):
     """A model spec, the param to vary, and the capacity to fit it in."""
 
     model_config = ConfigDict(extra="forbid")

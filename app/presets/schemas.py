@@ -4,6 +4,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.core.data import RequestBody
 from app.experiments.spec_schemas import Tag
 from vramlab.contract import Isolation
 
@@ -32,7 +33,7 @@ class PresetOut(BaseModel):
     spec: dict[str, Any] = Field(description="the spec it queues at size medium on cuda")
 
 
-class PresetRun(BaseModel):
+class PresetRun(RequestBody):
     """Overrides for one run of a preset; every field is optional."""
 
     model_config = ConfigDict(extra="forbid")

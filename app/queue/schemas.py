@@ -14,7 +14,7 @@ from pydantic import (
 )
 
 from app.core import data
-from app.core.data import TEXT_PATTERN
+from app.core.data import TEXT_PATTERN, RequestBody
 from vramlab import contract
 from vramlab.contract import Outcome, ReportVerdict, WorkerState
 
@@ -67,7 +67,7 @@ class Capabilities(BaseModel):
         return self
 
 
-class RegisterRequest(BaseModel):
+class RegisterRequest(RequestBody):
     name: str = Field(min_length=1, max_length=200, pattern=TEXT_PATTERN)
     hostname: str = Field(default="", max_length=255, pattern=TEXT_PATTERN)
     capabilities: Capabilities
@@ -90,7 +90,7 @@ class RegisterResponse(BaseModel):
     limits: WorkerLimits = Field(default_factory=WorkerLimits)
 
 
-class ClaimRequest(BaseModel):
+class ClaimRequest(RequestBody):
     worker_id: str = Field(max_length=36)
     # Strict: a boolean is not a number of seconds (``false`` is a 422, not 0).
     wait_s: float = Field(default=20.0, ge=0, le=60, strict=True)
@@ -105,7 +105,7 @@ class ClaimsRequest(ClaimRequest):
     )
 
 
-class StopRequest(BaseModel):
+class StopRequest(RequestBody):
     worker_id: str = Field(max_length=36)
 
 
@@ -126,8 +126,12 @@ class ClaimedBatch(BaseModel):
     experiments: list[ClaimedExperiment]
 
 
-class LeaseRequest(BaseModel):
+class Lease(BaseModel):
     lease_token: str = Field(max_length=64)
+
+
+class LeaseRequest(RequestBody, Lease):
+    """The lease an experiment is released under."""
 
 
 def _progress(value: dict[str, Any]) -> dict[str, Any]:
@@ -144,7 +148,7 @@ def _progress(value: dict[str, Any]) -> dict[str, Any]:
 Progress = Annotated[dict[str, Any], data.AS_DATA, AfterValidator(_progress)]
 
 
-class HeartbeatRequest(LeaseRequest):
+class HeartbeatRequest(RequestBody, Lease):
     # Older workers send a constant here: still checked as bounded data, no longer kept.
     progress: Progress | None = None
 
@@ -154,25 +158,22 @@ class HeartbeatResponse(BaseModel):
     cancel_requested: bool
 
 
-class OutcomeRequest(LeaseRequest, Outcome):
-    """The contract's outcome, with the lease it is reported under. The whole of it is
-    checked as data first (finite numbers, storable text, bounded nesting)."""
-
-    @model_validator(mode="before")
-    @classmethod
-    def _as_data(cls, value: Any) -> Any:
-        if (why := data.problem(value)) is not None:
-            raise ValueError(why)
-        return value
+class LeasedOutcome(Lease, Outcome):
+    """The contract's outcome, with the lease it is reported under."""
 
 
-class ReportItem(OutcomeRequest):
-    """One outcome of a batch report: the experiment, its lease, the outcome."""
+class OutcomeRequest(RequestBody, LeasedOutcome):
+    """One outcome, reported alone."""
+
+
+class ReportItem(LeasedOutcome):
+    """One outcome of a batch report: the experiment, its lease, the outcome (checked
+    whole with the report)."""
 
     experiment_id: str = Field(max_length=64, pattern=contract.EXPERIMENT_ID_PATTERN)
 
 
-class ReportBatchRequest(BaseModel):
+class ReportBatchRequest(RequestBody):
     results: list[ReportItem] = Field(min_length=1, max_length=contract.MAX_REPORT_BATCH)
 
 

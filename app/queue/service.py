@@ -36,7 +36,7 @@ from app.core.config import Settings
 from app.core.errors import ApiError, LeaseLost
 from app.models import Experiment, Result, TraceChunk, Worker
 from app.queue import workers
-from app.queue.schemas import OutcomeRequest, ReportItem
+from app.queue.schemas import LeasedOutcome, ReportItem
 from vramlab.contract import ErrorType, ReportVerdict, Status
 
 # Expired leases settled in one statement at most (a round settles them all, in slices).
@@ -246,7 +246,7 @@ def release(session: Session, experiment_id: str, token: str, now: datetime) -> 
     return _reload(session, experiment_id)
 
 
-def _finish_values(req: OutcomeRequest, now: datetime) -> dict[str, Any]:
+def _finish_values(req: LeasedOutcome, now: datetime) -> dict[str, Any]:
     """The experiment's columns an outcome sets: its status, the end, its error if any."""
     values: dict[str, Any] = {"status": req.status, "finished_at": now, **_NO_LEASE}
     if req.error is not None:
@@ -259,21 +259,21 @@ def _finish_values(req: OutcomeRequest, now: datetime) -> dict[str, Any]:
     return values
 
 
-def _trace_mismatch(req: OutcomeRequest, stored: int) -> str:
+def _trace_mismatch(req: LeasedOutcome, stored: int) -> str:
     return (
         f"trace_events: the outcome says {req.trace_events} events but "
         f"{stored} were uploaded under this lease; upload every chunk first"
     )
 
 
-def _result_data(req: OutcomeRequest) -> dict[str, Any] | None:
+def _result_data(req: LeasedOutcome) -> dict[str, Any] | None:
     if req.result is None:
         return None
     return req.result.model_dump(mode="json", by_alias=True, exclude_unset=True)
 
 
 def finish(
-    session: Session, experiment_id: str, req: OutcomeRequest, now: datetime, *, seen: bool = True
+    session: Session, experiment_id: str, req: LeasedOutcome, now: datetime, *, seen: bool = True
 ) -> Experiment:
     """Store the outcome under its lease. ``seen=False``: the caller marks the worker seen
     once it has stored every outcome of a batch (the worker's row is locked last)."""

@@ -6,9 +6,9 @@ writes it, or gzipped), as the request body itself or as the ``file`` field of a
 multipart form (``curl -F file=@snap.pickle``); streamed to a temp file and parsed as
 data in a bounded child process, it never reaches an unpickler that resolves globals.
 The request's database session opens only after parsing: a long upload holds no lock.
+Who may upload at once, and the import slot: ``admission``.
 """
 
-import threading
 from collections.abc import AsyncIterator, Generator
 from typing import Annotated, Any, Literal
 
@@ -18,9 +18,10 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.datastructures import FormData, UploadFile
 
 from app.access.tokens import Principal
-from app.api.deps import SHORT_ID, NowDep, SessionDep, SettingsDep, get_db, require
+from app.api.deps import SHORT_ID, NonceDep, NowDep, SessionDep, SettingsDep, get_db, require
 from app.core.db import Database
-from app.core.errors import ERROR_RESPONSES, TooManyRequests
+from app.core.error_body import ErrorResponse
+from app.core.errors import ERROR_RESPONSES
 from app.experiments import service as experiments
 from app.experiments.spec_schemas import Tag
 from app.figures.responses import FIGURE_RESPONSES, FigureFormat, respond
@@ -28,6 +29,7 @@ from app.figures.schemas import PeakOut
 from app.models import Experiment
 from app.snapshots import service as snapshots
 from app.snapshots import upload as uploads
+from app.snapshots.admission import Admission, submitter
 from app.snapshots.schemas import SnapshotOut, SnapshotPage
 from app.traces import endpoints as trace_routes
 from app.traces import memory_viz
@@ -93,6 +95,7 @@ def _store(
     response_model=SnapshotOut,
     summary="Import a PyTorch memory snapshot",
     openapi_extra=_BODY,
+    responses={408: {"model": ErrorResponse, "description": "the body came too slowly"}},
 )
 async def import_snapshot(
     request: Request,
@@ -124,29 +127,26 @@ async def import_snapshot(
     and nothing in it runs; so are gzip data that expands past
     ``VRAMLAB_MAX_SNAPSHOT_EXPANDED_BYTES`` or more than
     ``VRAMLAB_MAX_SNAPSHOT_GZIP_RATIO`` times its size (413, as it arrives) and data that
-    is not a snapshot (422)."""
-    gate: threading.BoundedSemaphore = request.app.state.snapshot_slots
-    if not gate.acquire(blocking=False):
-        raise TooManyRequests(
-            "another snapshot is being imported; try again shortly "
-            "(VRAMLAB_SNAPSHOT_IMPORTS_AT_ONCE)",
-            headers={"Retry-After": "10"},
-        )
-    try:
-        if _is_form(request):
-            async with request.form(max_files=1, max_fields=16) as form:
+    is not a snapshot (422). The body must come at 64 KiB/s at least over each 30 s
+    (408); one submitter may have 2 uploads in flight, all together 8 (429)."""
+    admission: Admission = request.app.state.snapshot_admission
+    with admission.admitted(submitter(who, request)):
+        # The body is read to disk first, at a minimum rate; only then is an import slot
+        # waited for, so that a slow sender holds its own share of the uploads alone.
+        body = Request(request.scope, uploads.paced(request.receive, settings))
+        if _is_form(body):
+            async with body.form(max_files=1, max_fields=16) as form:
                 upload = await uploads.receive(_form_file(form), settings)
         else:
-            upload = await uploads.receive(request.stream(), settings)
+            upload = await uploads.receive(body.stream(), settings)
         try:
-            parsed = await run_in_threadpool(snapshots.parse, upload, settings, device)
-            return await run_in_threadpool(
-                _store, db, upload, parsed, name, list(tag or []), who, now, program_exit
-            )
+            async with admission.importing():
+                parsed = await run_in_threadpool(snapshots.parse, upload, settings, device)
+                return await run_in_threadpool(
+                    _store, db, upload, parsed, name, list(tag or []), who, now, program_exit
+                )
         finally:
             uploads.discard(upload)
-    finally:
-        gate.release()
 
 
 def _is_form(request: Request) -> bool:
@@ -279,8 +279,10 @@ def _memory_viz(db: Database, snapshot_id: str, device: str) -> Generator[bytes,
     response_class=Response,
     dependencies=[require("read")],
 )
-def timeline(exp: SnapshotDep, s: SessionDep, format: FigureFormat = "html") -> Response:
+def timeline(
+    exp: SnapshotDep, s: SessionDep, nonce: NonceDep, format: FigureFormat = "html"
+) -> Response:
     """Bands (each large block from its alloc to its free, named by its inferred category)
     for traces of up to 500,000 entries; past that, allocated and reserved from the points
     kept at import (about 2,000), so a snapshot of millions of entries draws at once."""
-    return respond(snapshots.timeline(s, exp), format)
+    return respond(snapshots.timeline(s, exp), format, nonce)

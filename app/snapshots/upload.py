@@ -1,20 +1,22 @@
 """Receiving a snapshot upload: the body streamed to a temp file, counted and hashed,
-never held whole; a gzipped body expanded as it arrives, so a bomb is refused after its
-first kilobytes."""
+never held whole, at a minimum rate; a gzipped body expanded as it arrives, so a bomb is
+refused after its first kilobytes."""
 
+import asyncio
 import hashlib
 import shutil
 import tempfile
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from starlette.concurrency import run_in_threadpool
 
 from app.core.config import Settings
-from app.core.errors import ApiError, PayloadTooLarge
+from app.core.errors import ApiError, PayloadTooLarge, RequestTimeout
+from vramlab.units import human_bytes
 
 
 class SnapshotRefused(ApiError):
@@ -22,6 +24,49 @@ class SnapshotRefused(ApiError):
 
     status_code = 422
     type = "snapshot_refused"
+
+
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+
+
+def paced(receive: Receive, settings: Settings) -> Receive:
+    """``receive`` (a request's ASGI receive) held to a minimum rate: each window of
+    ``snapshot_upload_window_seconds`` from the first read must bring at least
+    ``snapshot_upload_min_bytes_per_second`` times its length of body, and a wait for the
+    next piece ends when its window can no longer be met (a window whose share has come
+    waits until the end of the next). Past that, 408: a client that trickles, or sends
+    nothing, holds its connection and its share of the uploads one window at most."""
+    rate = settings.snapshot_upload_min_bytes_per_second
+    window = settings.snapshot_upload_window_seconds
+    quota = rate * window
+    loop = asyncio.get_running_loop()
+    end = loop.time() + window
+    got = 0
+
+    def too_slow() -> RequestTimeout:
+        return RequestTimeout(
+            f"the snapshot's body came at less than {human_bytes(rate)}/s over "
+            f"{window:g} s (VRAMLAB_SNAPSHOT_UPLOAD_MIN_BYTES_PER_SECOND, "
+            "VRAMLAB_SNAPSHOT_UPLOAD_WINDOW_SECONDS); send it at once, from a file"
+        )
+
+    async def next_piece() -> MutableMapping[str, Any]:
+        nonlocal end, got
+        try:
+            async with asyncio.timeout_at(end if got < quota else end + window):
+                message = await receive()
+        except TimeoutError:
+            raise too_slow() from None
+        now = loop.time()
+        while now >= end:
+            if got < quota:
+                raise too_slow()
+            got, end = 0, end + window
+        if message["type"] == "http.request":
+            got += len(message.get("body", b""))
+        return message
+
+    return next_piece
 
 
 @dataclass

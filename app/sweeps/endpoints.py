@@ -7,7 +7,16 @@ from fastapi.responses import PlainTextResponse, Response
 
 from app.access import tokens as auth
 from app.access.tokens import Principal
-from app.api.deps import SHORT_ID, NowDep, SessionDep, SettingsDep, SignalDep, get_db, require
+from app.api.deps import (
+    SHORT_ID,
+    NonceDep,
+    NowDep,
+    SessionDep,
+    SettingsDep,
+    SignalDep,
+    get_db,
+    require,
+)
 from app.core.db import Database
 from app.core.errors import ERROR_RESPONSES
 from app.experiments.specs import AcceptedSpec
@@ -77,5 +86,7 @@ def read(
     response_class=Response,
     dependencies=[require("read")],
 )
-def plot(sweep_id: SweepId, s: SessionDep, format: FigureFormat = "html") -> Response:
-    return respond(sweeps.chart(sweeps.read(s, sweeps.get(s, sweep_id))), format)
+def plot(
+    sweep_id: SweepId, s: SessionDep, nonce: NonceDep, format: FigureFormat = "html"
+) -> Response:
+    return respond(sweeps.chart(sweeps.read(s, sweeps.get(s, sweep_id))), format, nonce)

@@ -5,11 +5,11 @@ from typing import Annotated, Any, ClassVar
 
 from pydantic import BaseModel, Field
 
-from app.core.data import AS_DATA, DataDict
+from app.core.data import AS_DATA, DataDict, RequestBody
 from vramlab.contract import ErrorType, Status
 
 
-class SweepIn(BaseModel):
+class SweepIn(RequestBody):
     """A base spec and a grid; every combination of the grid's values is one experiment."""
 
     spec: DataDict = Field(description="an experiment spec, as POST /v1/experiments takes")

@@ -39,10 +39,8 @@ TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parent / "tem
 TEMPLATES.env.finalize = lambda value: "" if value is None else value
 TEMPLATES.env.filters["bytes"] = lambda n: "" if n is None else human_bytes(n)
 TEMPLATES.env.globals["off_prediction"] = experiment_views.off_prediction
-# The charts' script, without its tag: base.html wraps it in one that carries the CSP nonce.
-TEMPLATES.env.globals["chart_js"] = (
-    html.SCRIPT.strip().removeprefix("<script>").removesuffix("</script>")
-)
+# base.html wraps the charts' script in a tag that carries the response's CSP nonce.
+TEMPLATES.env.globals["chart_js"] = html.CHART_JS
 TEMPLATES.env.globals["Status"] = Status
 TEMPLATES.env.filters["telling"] = telling_frames
 router = APIRouter(prefix="/ui", include_in_schema=False, dependencies=[require("read")])
@@ -123,10 +121,8 @@ def run_preset(
     signal: SignalDep,
     now: NowDep,
     who: Annotated[Principal, require("submit")],
-    device: Annotated[str | None, Form(max_length=16)] = None,
-    size: Annotated[Literal["small", "medium", "large"], Form()] = "medium",
+    run: Annotated[PresetRun, Form()],
 ) -> RedirectResponse:
-    run = PresetRun(device=device or None, size=size)
     exp = presets.queue(s, name, run, settings, signal, now, who.id)
     s.flush()
     return RedirectResponse(f"/ui/experiments/{exp.id}", status_code=303)

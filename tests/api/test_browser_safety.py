@@ -3,6 +3,7 @@ by DNS rebinding, sign someone in or change state with their cookie, frame the p
 run a script the page did not send. And what the sign-in cookie holds: a session, never
 the token."""
 
+import gzip
 import re
 import subprocess
 import sys
@@ -17,7 +18,9 @@ from app.models.base import utcnow
 from tests.api.test_auth import bearer, create_token
 from tests.conftest import LiveServer, make_settings
 from tests.e2e.procs import env_for
-from tests.helpers import ADD
+from tests.helpers import ADD, MATMUL
+from tests.results.trace_data import events, upload
+from tests.snapshots.synthetic import dumps, training_snapshot
 
 FOREIGN = "https://attacker.example"
 
@@ -145,3 +148,84 @@ def test_pages_send_a_policy_and_nonce_every_script(client: httpx.Client) -> Non
                 assert f'nonce="{nonce.group(1)}"' in attrs, (path, attrs)
         assert " onclick=" not in page.text and " onload=" not in page.text
     assert len(nonces) == 4  # a fresh nonce per response
+
+
+def _documents(client: httpx.Client) -> dict[str, str]:
+    """A URL of each document this service serves: every operation of the OpenAPI
+    document that answers HTML (and its SVG), the pages, their error pages, /docs."""
+    exp_id = upload(client, MATMUL, [events()])
+    sweep = client.post("/v1/sweeps", json={"spec": ADD, "grid": {"shape": [[8, 8]]}}).json()
+    snapshot = client.post(
+        "/v1/snapshots",
+        content=gzip.compress(dumps(training_snapshot(iterations=1, layers=2))),
+        headers={"Content-Type": "application/octet-stream"},
+    ).json()
+    ids = {
+        "experiment_id": exp_id,
+        "sweep_id": sweep["id"],
+        "snapshot_id": snapshot["id"],
+        # A fit needs the model predictor; its plot is the same chart page as the others.
+        "fit_id": None,
+    }
+    urls: dict[str, str] = {}
+    for path, operations in client.get("/openapi.json").json()["paths"].items():
+        for method, op in operations.items():
+            if "text/html" not in op["responses"].get("200", {}).get("content", {}):
+                continue
+            assert method == "get", path
+            named = re.findall(r"{(\w+)}", path)
+            if any(ids[n] is None for n in named):
+                continue
+            url = path.format(**{n: ids[n] for n in named})
+            if path.startswith("/v1/compare"):
+                url += f"?ids={exp_id}&"
+            else:
+                url += "?"
+            urls[path] = url + "format=html"
+            urls[path + " svg"] = url + "format=svg"
+    # The timelines of an experiment, a snapshot and a comparison, a sweep's plot.
+    assert len(urls) == 2 * 4, sorted(urls)
+    urls |= {
+        "docs": "/docs",
+        "list": "/ui/",
+        "experiment": f"/ui/experiments/{exp_id}",
+        "sweep": f"/ui/sweeps/{sweep['id']}",
+        "snapshot": f"/ui/snapshots/{snapshot['id']}",
+        "compare": f"/ui/compare?ids={exp_id}",
+        "submit": "/ui/submit",
+        "presets": "/ui/presets",
+        "sign-in": "/ui/signin",
+        "a page's 404": "/ui/experiments/nope",
+        "a page's 422": "/ui/?status=bogus",
+        "a page's 405": f"/ui/experiments/{exp_id}/cancel",
+    }
+    return urls
+
+
+def test_every_document_carries_the_policy_and_every_script_its_nonce(
+    client: httpx.Client,
+) -> None:
+    seen: dict[str, int] = {}
+    for what, url in _documents(client).items():
+        response = client.get(url)
+        media = response.headers["content-type"].split(";")[0]
+        assert media in ("text/html", "image/svg+xml"), (what, media)
+        seen[what] = response.status_code
+        policy = response.headers.get("content-security-policy")
+        assert policy is not None, (what, url, response.status_code)
+        assert "default-src 'none'" in policy and "frame-ancestors 'none'" in policy, what
+        scripts_may = policy.split("script-src", 1)[1].split(";")[0]
+        assert "'unsafe-inline'" not in scripts_may and "'unsafe-eval'" not in scripts_may
+        assert response.headers["x-frame-options"] == "DENY", what
+        assert response.headers["x-content-type-options"] == "nosniff", what
+        nonce = re.search(r"'nonce-([^']+)'", policy)
+        assert nonce is not None, what
+        for attrs in re.findall(r"<script([^>]*)>", response.text):
+            if 'type="application/json"' not in attrs:
+                assert f'nonce="{nonce.group(1)}"' in attrs, (what, attrs)
+    assert [seen[k] for k in ("a page's 404", "a page's 422", "a page's 405")] == [404, 422, 405]
+    assert seen["docs"] == seen["list"] == seen["/v1/experiments/{experiment_id}/timeline"] == 200
+    # A JSON answer is not a document: no policy to carry, but never sniffed.
+    listing = client.get("/v1/experiments")
+    assert "content-security-policy" not in listing.headers
+    assert listing.headers["x-content-type-options"] == "nosniff"

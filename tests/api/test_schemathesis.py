@@ -1,5 +1,6 @@
-"""Schemathesis against the live API's OpenAPI schema: no response of 500 or more, and
-every response (status, content type, body) as the schema documents it. Bounded in time."""
+"""Schemathesis against the live API's OpenAPI schema, on each database, with tokens on:
+no response of 500 or more, and every response (status, content type, body) as the schema
+documents it. Bounded: 30 examples an operation and 90 seconds an engine by default."""
 
 import os
 import shutil
@@ -23,7 +24,6 @@ CHECKS = ",".join(
 )
 
 
-@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_schemathesis_finds_nothing(database_url: str, tmp_path: Path) -> None:
     st = shutil.which("schemathesis", path=os.path.dirname(sys.executable))
     if st is None:

@@ -130,8 +130,18 @@ def test_submit_through_the_page_and_see_the_result(service: str, browser: Any) 
     expect(page.locator("body")).to_contain_text(exp_id[:8])
     assert not [m for m in console if "Content Security Policy" in m], console
 
+    # Swagger UI renders and runs a request under the same policy (its scripts carry the
+    # response's nonce; its stylesheet and icons come from this site).
     page.goto(f"{service}/docs")
     expect(page.locator(".swagger-ui .info .title")).to_contain_text("vramlab", timeout=30_000)
+    listing = page.locator(".opblock-get", has_text="List experiments, newest first").first
+    listing.locator(".opblock-summary").click()
+    listing.get_by_role("button", name="Try it out").click()
+    listing.get_by_role("button", name="Execute").click()
+    answered = listing.locator(".live-responses-table tbody .response-col_status").first
+    expect(answered).to_contain_text("200", timeout=30_000)
+    expect(listing.locator(".live-responses-table")).to_contain_text(exp_id)
+    assert not [m for m in console if "Content Security Policy" in m], console
 
     outside = [u for u in requested if not u.startswith((service, "data:", "blob:"))]
     assert not outside, f"the pages fetched from elsewhere: {outside}"
