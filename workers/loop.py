@@ -20,8 +20,8 @@ Nothing one experiment produces ends the loop: an outcome the API refuses (too l
 invalid) is replaced by a short ``report_refused`` failure, and the worker goes on.
 
 Its pieces: the claim's thread (claim_poll.py), leases and heartbeats (leases.py), the
-calls that carry an outcome (reporter.py), and what it needs of a runner and a client
-(seams.py).
+calls that carry an outcome (reporter.py), its sign of life for a liveness probe
+(alive.py), and what it needs of a runner and a client (seams.py).
 """
 
 import json
