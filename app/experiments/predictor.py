@@ -65,10 +65,17 @@ class Predictor:
         self._next = 0
         self._cache_lock = threading.Lock()
 
-    def predict(self, params: Mapping[str, Any], device_type: str) -> ModelPrediction:
-        """The predicted peak of the spec's reported step; CatalogError for a spec the
-        predictor refuses; Busy (503) when it is taken or too slow."""
-        key = json.dumps([params, device_type], sort_keys=True)
+    def predict(
+        self,
+        params: Mapping[str, Any],
+        device_type: str,
+        allocator: Mapping[str, Any] | None = None,
+    ) -> ModelPrediction:
+        """The predicted peak of the spec's reported step (``allocator``: the spec's
+        caching-allocator settings, which change what is reserved); CatalogError for a
+        spec the predictor refuses; Busy (503) when it is taken or too slow."""
+        allocator = dict(allocator or {})
+        key = json.dumps([params, device_type, allocator], sort_keys=True)
         hit = self._cached(key)
         if hit is None:
             if not self._lock.acquire(timeout=self.wait_s):
@@ -76,7 +83,7 @@ class Predictor:
             try:
                 hit = self._cached(key)
                 if hit is None:
-                    hit = self._ask(dict(params), device_type)
+                    hit = self._ask(dict(params), device_type, allocator)
                     with self._cache_lock:
                         self._cache[key] = hit
                         while len(self._cache) > CACHE_SIZE:
@@ -123,12 +130,14 @@ class Predictor:
         threading.Thread(target=_pump, args=(proc.stdout, self._lines), daemon=True).start()
         return proc
 
-    def _ask(self, params: dict[str, Any], device_type: str) -> ModelPrediction | CatalogError:
+    def _ask(
+        self, params: dict[str, Any], device_type: str, allocator: dict[str, Any]
+    ) -> ModelPrediction | CatalogError:
         if self._proc is None or self._proc.poll() is not None:
             self._proc = self._start()
         self._next += 1
         ident = self._next
-        request = {"id": ident, "params": params, "device": device_type}
+        request = {"id": ident, "params": params, "device": device_type, "allocator": allocator}
         try:
             assert self._proc.stdin is not None
             self._proc.stdin.write(json.dumps(request) + "\n")

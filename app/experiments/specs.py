@@ -91,7 +91,9 @@ def _predict_model(
         why = predictor_service.UNAVAILABLE if settings.model_predictions else DISABLED
         return {"caveats": [why]}
     try:
-        answer = predictor.predict(params, device_type)
+        answer = predictor.predict(
+            params, device_type, spec.allocator.model_dump(exclude_none=True)
+        )
     except CatalogError as exc:
         raise InvalidSpec(exc.field, exc.message) from None
     capacity = params.get("capacity_bytes")

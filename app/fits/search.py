@@ -107,7 +107,9 @@ def predict(attempt: Try, step: int, upper: int) -> dict[str, Any]:
             top = min(top, k - 1)
             out["limit"], out["note"] = k * step, refusal(exc)
             return False
-        peak = accepted.prediction.get("peak_allocated")
+        # What the capped allocator reserves (fragmentation included) decides; a
+        # prediction without it falls back on what the step allocates.
+        peak = accepted.prediction.get("peak_reserved") or accepted.prediction.get("peak_allocated")
         if peak is None:
             return None
         capacity = accepted.spec.params["capacity_bytes"]

@@ -126,3 +126,38 @@ def test_a_sequence_length_stops_at_the_models_positions(database_url: str) -> N
     assert variant["max_fitting"] == 256 and variant["first_failing"] is None
     assert variant["upper_bound"] == 256 and "256 positions" in variant["note"]
     assert [t["value"] for t in variant["trials"]] == [256]
+
+
+@pytest.mark.slow
+def test_a_cuda_fit_is_predicted_on_what_the_allocator_reserves(database_url: str) -> None:
+    """On CUDA the predicted edge is where the capped allocator's reserved peak passes the
+    capacity (its segments' free holes included), not where the allocated peak does."""
+    from workers.models.predict import predict
+
+    params = {"model": "gpt2", "config": {"n_layer": 2}, "seq_len": 128}
+    capacity = predict({**params, "batch_size": 3}, "cuda")["peak_reserved"] + 2**20
+
+    def last(figure: str) -> int:
+        batch = 0
+        while True:
+            answer = predict(
+                {**params, "batch_size": batch + 1, "capacity_bytes": capacity}, "cuda"
+            )
+            if answer[figure] > capacity:
+                return batch
+            batch += 1
+
+    reserved, allocated = last("peak_reserved"), last("peak_allocated")
+    assert 1 <= reserved < allocated  # the case tells the two apart
+    settings = make_settings(database_url, fit_check_seconds=0.5)
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=120) as client:
+        spec = {"op": "model", "shape": [], "device": "cuda", "params": params}
+        made = client.post("/v1/fits", json={"spec": spec, "capacity_bytes": capacity})
+        assert made.status_code == 202, made.text
+        deadline = time.monotonic() + 300  # the search predicts in the background
+        while time.monotonic() < deadline:
+            [variant] = client.get(f"/v1/fits/{made.json()['id']}").json()["variants"]
+            if variant["predicted_max_fitting"] is not None:
+                break
+            time.sleep(0.5)
+    assert variant["predicted_max_fitting"] == reserved

@@ -76,3 +76,38 @@ def test_with_predictions_off_a_model_spec_queues_unpredicted(database_url: str)
     prediction = response.json()["prediction"]
     assert prediction.get("peak_allocated") is None
     assert any("VRAMLAB_MODEL_PREDICTIONS" in c for c in prediction["caveats"])
+
+
+@pytest.mark.slow
+def test_a_cuda_model_spec_is_predicted_reserved_with_its_allocator_settings(
+    database_url: str,
+) -> None:
+    """The spec's allocator settings reach the predictor: the reserved figure is the
+    step replayed through the caching-allocator model with them."""
+    pytest.importorskip("transformers")
+    from workers.models.predict import predict
+
+    params = {"model": "gpt2", "config": {"n_layer": 2}, "batch_size": 2, "seq_len": 128}
+    allocator = {"expandable_segments": True}
+    with (
+        LiveServer(make_settings(database_url)) as live,
+        httpx.Client(base_url=live.url, timeout=120) as http,
+    ):
+        answers = []
+        for settings in ({}, allocator):
+            spec = {
+                "op": "model",
+                "shape": [],
+                "device": "cuda",
+                "params": params,
+                "allocator": settings,
+                "isolation": "clean",
+            }
+            response = http.post("/v1/experiments", json=spec)
+            assert response.status_code == 202, response.text
+            answers.append(response.json()["prediction"])
+    plain, expandable = answers
+    assert plain["peak_allocated"] == expandable["peak_allocated"]
+    assert plain["peak_reserved"] == predict(params, "cuda")["peak_reserved"]
+    assert expandable["peak_reserved"] == predict(params, "cuda", allocator)["peak_reserved"]
+    assert plain["peak_reserved"] != expandable["peak_reserved"]

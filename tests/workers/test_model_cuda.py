@@ -84,3 +84,29 @@ def test_an_emulated_card_runs_out_of_memory_as_a_real_one(runner: Runner) -> No
     assert outcome.status == "failed"
     assert outcome.error is not None and outcome.error["type"] == "oom"
     assert "capacity_bytes" in outcome.error["message"]
+
+
+@pytest.mark.parametrize(
+    ("params", "allocator"),
+    [
+        (SMALL_GPT2, {}),
+        ({**SMALL_GPT2, "precision": "bf16-autocast", "checkpointing": True}, {}),
+        (SMALL_GPT2, {"expandable_segments": True}),
+        (SMALL_GPT2, {"max_split_size_mb": 64}),
+    ],
+)
+def test_the_reserved_peak_is_predicted_within_3_percent(
+    runner: Runner, params: dict[str, Any], allocator: dict[str, Any]
+) -> None:
+    """The step replayed through the allocator model reserves what the real allocator
+    reserved (the measured figure: the reported step's, as a fit trial's)."""
+    from workers.models.predict import predict
+
+    spec = model_spec(**params)
+    spec["allocator"] = allocator
+    outcome = runner.run(spec)
+    assert outcome.status == "succeeded", outcome.error
+    assert outcome.result is not None
+    measured = outcome.result["model"]["peak_reserved"]
+    predicted = predict(params, "cuda", allocator)["peak_reserved"]
+    assert abs(predicted - measured) <= 0.03 * measured, (predicted, measured)

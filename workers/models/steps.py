@@ -101,6 +101,15 @@ def generate(built: Built, phase: Phase) -> None:
     del cache, token
 
 
+def _both(first: Phase, second: Phase) -> Phase:
+    @contextmanager
+    def both(name: str) -> Iterator[None]:
+        with first(name), second(name):
+            yield
+
+    return both
+
+
 def tokens_per_step(built: Built) -> int | None:
     if built.resolved.kind == "image-classification":
         return None
@@ -109,10 +118,16 @@ def tokens_per_step(built: Built) -> int | None:
     return built.batch_size * built.seq_len
 
 
-def tally_step(built: Built, block: int, around: AbstractContextManager[Any] | None = None) -> Peak:
+def tally_step(
+    built: Built,
+    block: int,
+    around: AbstractContextManager[Any] | None = None,
+    log: Any = None,
+) -> Peak:
     """One more step under the category tally (workers/models/tally.py): what held memory
     at its peak. What exists before it (parameters, optimizer state, inputs, buffers) is
-    counted from the start; ``around`` wraps the step (the predictor's CUDA semantics)."""
+    counted from the start; ``around`` wraps the step (the predictor's CUDA semantics);
+    ``log``, an allocation log (workers/models/alloc_log.py), records it too."""
     tally = Tally(block)
     tally.adopt([*built.parameters(), *built.optimizer_state(), *built.inputs.values()])
     tally.adopt(built.model.buffers())
@@ -120,8 +135,14 @@ def tally_step(built: Built, block: int, around: AbstractContextManager[Any] | N
     for held in ("scale_value", "found_inf"):  # the predictor's stand-in GradScaler
         if isinstance(getattr(scaler, held, None), torch.Tensor):
             tally.adopt([getattr(scaler, held)])
-    with around or contextlib.nullcontext(), tally:
-        run_step(built, tally.during)
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(around or contextlib.nullcontext())
+        stack.enter_context(tally)
+        phase: Phase = tally.during
+        if log is not None:
+            stack.enter_context(log)
+            phase = _both(tally.during, log.during)
+        run_step(built, phase)
     state = (built.parameters(), built.gradients(), built.optimizer_state())
     peak = tally.categorize(*state)
     peak.phases = {

@@ -58,14 +58,29 @@ def rounded(nbytes: int, block: int) -> int:
     return -(-nbytes // block) * block if block > 1 else nbytes
 
 
-class Tally(TorchDispatchMode):
+class PhasedMode(TorchDispatchMode):
+    """A dispatch mode that knows which phase of the step is running (``during``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.phase = OTHER
+
+    @contextmanager
+    def during(self, phase: str) -> Iterator[None]:
+        before, self.phase = self.phase, phase
+        try:
+            yield
+        finally:
+            self.phase = before
+
+
+class Tally(PhasedMode):
     """Count live storages while a step runs. ``block``: the allocator's rounding (512 on
     CUDA, 1 on the CPU)."""
 
     def __init__(self, block: int = 1) -> None:
         super().__init__()
         self.block = block
-        self.phase = OTHER
         self._lives: dict[int, _Life] = {}  # the live storages, by identity
         self._ended: list[_Life] = []
         self._keep: list[Any] = []  # the weak references, alive until the tally is
@@ -83,14 +98,6 @@ class Tally(TorchDispatchMode):
         for t in tensors:
             self._see(t, phase)
         self._maybe_peak()
-
-    @contextmanager
-    def during(self, phase: str) -> Iterator[None]:
-        before, self.phase = self.phase, phase
-        try:
-            yield
-        finally:
-            self.phase = before
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         out = func(*args, **(kwargs or {}))
