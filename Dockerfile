@@ -6,6 +6,10 @@
 #                through by the NVIDIA container toolkit.
 # Each installs into /opt/vramlab (a virtual environment) in a build stage; the image
 # itself gets that folder and a non-root user (uid 10001), no compiler, no pip cache.
+# The classic builder keeps each build stage as an untagged image (its cache); they carry
+# the label dev.vramlab.stage=build, so that
+#   docker image prune -f --filter label=dev.vramlab.stage=build
+# removes them and nothing else. BuildKit keeps no such images.
 ARG PYTHON_IMAGE=python:3.12-slim
 
 FROM ${PYTHON_IMAGE} AS base
@@ -16,6 +20,7 @@ WORKDIR /home/vramlab
 
 # The dependencies first (a layer that changes only with pyproject.toml), then the code.
 FROM base AS build-api
+LABEL dev.vramlab.stage=build
 WORKDIR /src
 RUN python -m venv /opt/vramlab
 COPY pyproject.toml README.md ./
@@ -63,6 +68,7 @@ CMD ["vramlab", "serve", "--host", "0.0.0.0", "--port", "8000", "--no-migrate"]
 # machine with no route to an index puts the wheel in deploy/wheels/ and passes
 # `--build-arg TORCH_CPU_PIP_ARGS="--find-links /wheels"` (the deployment test).
 FROM base AS build-worker-cpu
+LABEL dev.vramlab.stage=build
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_CPU_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
 WORKDIR /src
@@ -85,6 +91,7 @@ USER vramlab
 CMD ["vramlab", "worker", "--device", "cpu"]
 
 FROM base AS build-worker
+LABEL dev.vramlab.stage=build
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_CUDA_PIP_ARGS=""
 WORKDIR /src

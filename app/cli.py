@@ -30,18 +30,24 @@ def cmd_migrate(_: argparse.Namespace) -> int:
 
 
 CLAIM_PATH = "/v1/worker/claim"
+HEALTH_PATHS = ("/readyz", "/healthz")
 
 
-class IdleClaims(logging.Filter):
-    """Drops the access line of a claim (single or batch) that found no work (204): an
-    idle worker asks again at once, so each would log a line per long poll
-    (``VRAMLAB_CLAIM_WAIT_SECONDS``) for as long as nothing is queued."""
+class RoutineCalls(logging.Filter):
+    """Drops the access lines of calls that repeat all day and say nothing: a claim (single
+    or batch) that found no work (204), which an idle worker makes again at once, one per
+    long poll (``VRAMLAB_CLAIM_WAIT_SECONDS``); and a health check that passed, which the
+    engine's or the cluster's probes make every few seconds. A failed one is logged."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         args = record.args
         # uvicorn's access record: (client, method, path and query, HTTP version, status).
         if isinstance(args, tuple) and len(args) == 5:
-            return not (str(args[2]).startswith(CLAIM_PATH) and args[4] == 204)
+            path, status = str(args[2]), args[4]
+            if path.startswith(CLAIM_PATH) and status == 204:
+                return False
+            if path in HEALTH_PATHS and isinstance(status, int) and 200 <= status < 300:
+                return False
         return True
 
 
@@ -50,8 +56,8 @@ def _log_config(verbose: bool) -> dict[str, Any]:
 
     config = copy.deepcopy(LOGGING_CONFIG)
     if not verbose:
-        config.setdefault("filters", {})["idle_claims"] = {"()": IdleClaims}
-        config["loggers"]["uvicorn.access"]["filters"] = ["idle_claims"]
+        config.setdefault("filters", {})["routine_calls"] = {"()": RoutineCalls}
+        config["loggers"]["uvicorn.access"]["filters"] = ["routine_calls"]
     return config
 
 
@@ -192,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--verbose",
             action="store_true",
-            help="log every request, an idle worker's empty claims too (one per long poll)",
+            help="log every request: an idle worker's empty claims (one per long poll) and "
+            "passed health checks too",
         )
 
     p = sub.add_parser("serve", help="run the API")

@@ -12,6 +12,7 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from vramlab.contract import MAX_CLAIM_BATCH
 from workers.pacing import PACE_S
@@ -88,6 +89,16 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
         help="no warm spare children: fork each experiment's child when it is claimed",
     )
     p.add_argument(
+        "--alive-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="keep this file's modification time at the moment by which the worker will have "
+        'made progress again, for a liveness probe: `test "$(stat -c %%Y PATH)" -ge '
+        '"$(date +%%s)"` fails only once the loop has stalled, never during a long '
+        "experiment (default: none)",
+    )
+    p.add_argument(
         "--verbose",
         action="store_true",
         help="log every HTTP call to the API (an idle worker's claims: one per long poll)",
@@ -96,6 +107,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
+    from workers.alive import START_S, Pulse
     from workers.client import ApiClient, Refused
     from workers.crew import install_signal_handlers, run_all
     from workers.loop import WorkerLoop
@@ -130,15 +142,20 @@ def cmd_worker(args: argparse.Namespace) -> int:
         for i, client in enumerate(clients)
     ]
     install_signal_handlers(loops)
+    pulse = Pulse(args.alive_file)
+    for loop in loops:
+        loop.pulse = pulse
     try:
         # The runner's start and capabilities probe run before registering: a host without
         # what was asked for (a CUDA device) never takes work.
+        pulse.due("start", START_S)
         try:
             runner.start()
             capabilities = runner.capabilities()
         except RuntimeError as exc:
             log.error("vramlab worker cannot start: %s", exc)
             return EXIT_UNFIT
+        pulse.done("start")
         for loop in loops:
             loop.capabilities = capabilities
         try:

@@ -134,15 +134,19 @@ def with_retry(
     what: str,
     should_stop: Callable[[], bool],
     max_delay: float = 10.0,
+    on_try: Callable[[], None] | None = None,
 ) -> T | None:
     """Call until it succeeds, backing off on network errors, 5xx and 429 answers.
 
     Other errors (Refused, LeaseLost, UnknownWorker) go to the caller. Returns None when
     asked to stop before a call succeeded; the back-off looks at ``should_stop`` every
-    ``STOP_POLL_S``, so a stop is never held up by a long delay.
+    ``STOP_POLL_S``, so a stop is never held up by a long delay. ``on_try`` runs before
+    each attempt (the worker's sign of life: an attempt is progress, workers/alive.py).
     """
     delay = 0.2
     while not should_stop():
+        if on_try is not None:
+            on_try()
         try:
             return call()
         except httpx.HTTPStatusError as exc:

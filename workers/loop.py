@@ -20,8 +20,8 @@ Nothing one experiment produces ends the loop: an outcome the API refuses (too l
 invalid) is replaced by a short ``report_refused`` failure, and the worker goes on.
 
 Its pieces: the claim's thread (claim_poll.py), leases and heartbeats (leases.py), the
-calls that carry an outcome (reporter.py), and what it needs of a runner and a client
-(seams.py).
+calls that carry an outcome (reporter.py), its sign of life for a liveness probe
+(alive.py), and what it needs of a runner and a client (seams.py).
 """
 
 import json
@@ -36,12 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from vramlab.contract import MAX_REPORT_BATCH, Status
+from workers.alive import CALL_S, RUN_SLACK_S, Pulse
 from workers.claim_poll import ClaimPoll
 from workers.client import STOP_POLL_S, Refused, UnknownWorker, with_retry
 from workers.leases import Lease, beat_many, beat_one
 from workers.outcome import REPORT_OVERHEAD_BYTES, Limits, refused
 from workers.pacing import PACE_BELOW_S, ClaimTurns, Pending, ReportGroup
 from workers.reporter import Reporter
+from workers.runner import DEFAULT_TIMEOUT_S
 from workers.seams import ClientLike, RunnerLike
 
 log = logging.getLogger("vramlab.worker")
@@ -65,6 +67,7 @@ class WorkerLoop:
         batch: int = 1,
         turns: ClaimTurns | None = None,
         group: ReportGroup | None = None,
+        pulse: Pulse | None = None,
     ) -> None:
         self.client = client
         self.runner = runner
@@ -81,7 +84,11 @@ class WorkerLoop:
         self.aborting = threading.Event()
         self.worker_id: str | None = None
         self.heartbeat_seconds = 10.0
-        self.reporter = Reporter(client)
+        # The sign of life a liveness probe reads (workers/alive.py): each step says how
+        # long it may take before the next.
+        self.pulse = pulse or Pulse(None)
+        self.run_slack_s = RUN_SLACK_S
+        self.reporter = Reporter(client, on_try=lambda: self.pulse.due(self, CALL_S))
         self.capabilities: dict[str, Any] = {}
         # Shared by a crew's loops (workers/pacing.py): claims of short experiments take
         # turns, and outcomes ready together go in one report. None: each on its own.
@@ -113,6 +120,7 @@ class WorkerLoop:
             lambda: self.client.register(self.name, socket.gethostname(), self.capabilities),
             what="register",
             should_stop=self.stopping.is_set,
+            on_try=lambda: self.pulse.due(self, CALL_S),
         )
         if reply is None:
             return False
@@ -156,6 +164,7 @@ class WorkerLoop:
                     done += self.execute_batch(claimed)
         finally:
             self._leave()
+            self.pulse.done(self)
         return done
 
     def _batch_size(self, done: int) -> int:
@@ -195,8 +204,14 @@ class WorkerLoop:
             for one in claimed:
                 self.reporter.release(one["id"], one["lease_token"])
 
+        def progress() -> None:
+            self.pulse.due(self, self.wait_s + CALL_S)
+
         poll = ClaimPoll(
-            lambda: with_retry(call, what="claim", should_stop=self.stopping.is_set) or [],
+            lambda: (
+                with_retry(call, what="claim", should_stop=self.stopping.is_set, on_try=progress)
+                or []
+            ),
             late=late,
         )
         threading.Thread(target=poll.run, name="vramlab-claim", daemon=True).start()
@@ -246,6 +261,9 @@ class WorkerLoop:
             spec["device"],
         )
         work_dir = Path(tempfile.mkdtemp(prefix="vramlab-"))
+        # However long the experiment, the runner ends it at its time limit.
+        limit = float(spec.get("timeout_s") or DEFAULT_TIMEOUT_S)
+        self.pulse.due(self, limit + self.run_slack_s)
         try:
             outcome = self.runner.run(
                 spec,

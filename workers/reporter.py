@@ -3,6 +3,7 @@ report alone or in a batch, a short failure in place of one the API refuses; and
 lease given back. Fitting to the API's limits is workers/outcome.py's."""
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from vramlab.contract import ReportVerdict
@@ -18,9 +19,10 @@ class Reporter:
     """The protocol calls that carry an outcome, under the API's ``limits`` (which the
     loop sets from its registration)."""
 
-    def __init__(self, client: ClientLike) -> None:
+    def __init__(self, client: ClientLike, on_try: Callable[[], None] | None = None) -> None:
         self.client = client
         self.limits = Limits()
+        self.on_try = on_try  # before each attempt of a call: the loop's sign of life
 
     def report_many(self, pending: list[tuple[Lease, dict[str, Any]]]) -> None:
         items = [
@@ -29,7 +31,10 @@ class Reporter:
         ]
         try:
             verdicts = with_retry(
-                lambda: self.client.report_many(items), what="report", should_stop=lambda: False
+                lambda: self.client.report_many(items),
+                what="report",
+                should_stop=lambda: False,
+                on_try=self.on_try,
             )
         except Refused as exc:
             # The report as a whole (an outcome whose shape the API refuses): each on its
@@ -59,7 +64,7 @@ class Reporter:
         """One protocol call, retried while the API is unreachable; False if the lease is
         lost. Refused goes to the caller."""
         try:
-            with_retry(fn, what=what, should_stop=lambda: False)
+            with_retry(fn, what=what, should_stop=lambda: False, on_try=self.on_try)
         except LeaseLost:
             log.warning("%s refused: the lease was lost", what)
             return False

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import time
 import warnings
@@ -150,6 +151,12 @@ class CpuProfilerTracer:
         self._prof: torch.profiler.profile | None = None
 
     def start(self) -> None:
+        # Kineto, the profiler's C++ side, writes a `USDT:` line to stderr at each start and
+        # stop: two per experiment in the worker's log. Their severity is kineto's highest,
+        # so only a level above every one (6) drops them; read when the process first
+        # profiles. Errors of this CPU-only profiling surface here in Python (stop raises).
+        # A KINETO_LOG_LEVEL set for the worker wins.
+        os.environ.setdefault("KINETO_LOG_LEVEL", "6")
         self._prof = torch.profiler.profile(
             activities=[torch.profiler.ProfilerActivity.CPU],
             profile_memory=True,

@@ -4,7 +4,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from vramlab import contract
@@ -38,8 +38,12 @@ class Settings(BaseSettings):
     lease_check_seconds: float = Field(default=5.0, gt=0)
     # Fit searches step when a trial's outcome is stored, and this often as a catch-up.
     fit_check_seconds: float = Field(default=5.0, gt=0)
-    # A worker counts as live while its last heartbeat is younger than this.
-    worker_live_seconds: float = 60.0
+    # A worker counts as live while it was heard from within this long. Unset (0): until
+    # it misses a heartbeat. A healthy worker is heard from at least every
+    # `heartbeat_interval` (its lease's heartbeats while it runs, each look of its waiting
+    # claim while it is idle): it is gone once two of them passed unheard, with room for
+    # one call that waited for the database as long as any may (`db_wait_seconds`).
+    worker_live_seconds: float = Field(default=0.0, ge=0)
     # The tensors a spec predicts (inputs and outputs) may not pass this many bytes.
     max_experiment_bytes: int = 16 * 2**30
     max_timeout_s: float = 3600.0
@@ -114,10 +118,28 @@ class Settings(BaseSettings):
     # Origins allowed by CORS; none by default.
     cors_origins: list[str] = []
 
+    @model_validator(mode="after")
+    def _live_until_a_missed_heartbeat(self) -> "Settings":
+        if not self.worker_live_seconds:
+            self.worker_live_seconds = 2 * self.heartbeat_interval + self.db_wait_seconds
+        return self
+
     @field_validator("database_url")
     @classmethod
     def _normalise(cls, url: str) -> str:
         return normalise_database_url(url)
+
+    @property
+    def heartbeat_seconds(self) -> float:
+        """How often a worker heartbeats a running experiment's lease: often enough that a
+        cancel reaches it within about 2 s, and several times per lease."""
+        return max(0.2, min(self.lease_seconds / 3, 2.0))
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """The longest a healthy worker stays unheard: between its lease's heartbeats
+        while it runs, between its waiting claim's looks while it is idle."""
+        return max(self.heartbeat_seconds, self.claim_poll_seconds)
 
     @property
     def is_sqlite(self) -> bool:

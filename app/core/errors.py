@@ -103,7 +103,8 @@ def _field_path(loc: tuple[Any, ...]) -> str:
 
 
 def _for_person(request: Request) -> bool:
-    return request.url.path.startswith("/ui/")
+    path = request.url.path
+    return path == "/ui" or path.startswith("/ui/")
 
 
 def _html_page(status: int, title: str, message: str) -> HTMLResponse:

@@ -81,8 +81,7 @@ def register(
     return RegisterResponse(
         worker_id=worker.id,
         lease_seconds=settings.lease_seconds,
-        # Often enough that a cancel reaches a running experiment within about 2 s.
-        heartbeat_seconds=max(0.2, min(settings.lease_seconds / 3, 2.0)),
+        heartbeat_seconds=settings.heartbeat_seconds,
         limits=WorkerLimits(
             max_body_bytes=settings.max_body_bytes,
             max_trace_chunk_bytes=settings.max_trace_chunk_bytes,

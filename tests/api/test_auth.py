@@ -124,8 +124,9 @@ def test_unknown_scope_is_refused_by_the_cli(database_url: str, scope: str) -> N
 def test_web_pages_sign_in_with_a_token_cookie(database_url: str) -> None:
     reader = create_token(database_url, "read")
     with LiveServer(make_settings(database_url)) as live, httpx.Client(base_url=live.url) as c:
-        bounced = c.get("/ui/")
-        assert bounced.status_code == 303 and bounced.headers["location"] == "/ui/signin"
+        for page in ("/ui/", "/ui"):  # the address typed without its slash too
+            bounced = c.get(page)
+            assert bounced.status_code == 303 and bounced.headers["location"] == "/ui/signin"
         assert c.get("/ui/signin").status_code == 200
         wrong = c.post("/ui/signin", data={"token": "vl_nope"})
         assert wrong.status_code == 401 and "unknown or revoked" in wrong.text
@@ -134,6 +135,7 @@ def test_web_pages_sign_in_with_a_token_cookie(database_url: str) -> None:
         cookie = signed.headers["set-cookie"].lower()
         assert "httponly" in cookie and "samesite=strict" in cookie
         assert c.get("/ui/").status_code == 200  # the client keeps the cookie
+        assert c.get("/ui", follow_redirects=True).url.path == "/ui/"
         assert c.get("/v1/experiments").status_code == 200
         same_site = {"Origin": live.url}
         denied = c.post("/v1/experiments", json=ADD, headers=same_site)

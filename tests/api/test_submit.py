@@ -76,6 +76,39 @@ def test_the_live_workers_a_submit_sees_follow_each_change_at_once(database_url:
             assert submit(c)["queue"]["live_workers"] == 0
 
 
+def test_a_worker_that_misses_its_heartbeats_stops_counting_as_live(database_url: str) -> None:
+    # A worker container SIGKILLed mid-experiment still counted as live for a minute: the
+    # queue said `runnable: true` with nothing to run the work. It counts until it misses
+    # its heartbeats; a busy one that beats on time counts however long it runs.
+    clock = Clock()
+    with LiveServer(make_settings(database_url), clock) as live:
+        with httpx.Client(base_url=live.url) as c:
+            reply = c.post("/v1/worker/register", json={"name": "w", "capabilities": CPU_CAPS})
+            worker, beat = reply.json()["worker_id"], reply.json()["heartbeat_seconds"]
+
+            def counted() -> tuple[int, bool]:
+                listed = {w["id"]: w["live"] for w in c.get("/v1/workers").json()}
+                # A CUDA spec: this CPU worker never claims it, but counts it as live.
+                return submit(c, MATMUL)["queue"]["live_workers"], listed[worker]
+
+            exp = submit(c)
+            claimed = claim(c, worker)
+            assert claimed is not None and claimed["id"] == exp["id"]
+            for _ in range(40):  # 80 s of a running experiment, heard from on time
+                clock.advance(beat)
+                lease = {"lease_token": claimed["lease_token"]}
+                assert c.post(f"/v1/worker/experiments/{exp['id']}/heartbeat", json=lease)
+                assert counted() == (1, True)
+            clock.advance(2 * beat)  # killed: its next beat is late, not yet missed
+            assert counted() == (1, True)
+            clock.advance(3 * beat)  # five beats unheard
+            assert counted() == (0, False)
+            assert claim(c, worker) is None  # an idle worker's claim: heard from again
+            assert counted() == (1, True)
+            clock.advance(5 * beat)
+            assert counted() == (0, False)
+
+
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_a_submit_reads_none_of_the_queue(database_url: str) -> None:
     # Before: counting a submitter's queued experiments looked up every one of their rows

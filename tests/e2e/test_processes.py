@@ -309,9 +309,11 @@ def test_vramlab_up_without_its_worker_stops(tmp_path: Path) -> None:
     assert "no usable CUDA device" in text and "stopping the API" in text
 
 
-def test_an_idle_vramlab_up_is_quiet_and_verbose_says_more(tmp_path: Path) -> None:
-    """An idle worker long-polls its claim again and again: `up` logs none of those empty
-    claims (neither the API's access line nor the worker's HTTP line) unless --verbose."""
+def test_vramlab_up_is_quiet_and_verbose_says_more(tmp_path: Path) -> None:
+    """An idle worker long-polls its claim again and again, and probes ask /readyz every
+    few seconds: `up` logs none of those empty claims (neither the API's access line nor
+    the worker's HTTP line) nor the health checks unless --verbose; an experiment's
+    profiler logs nothing of its own start and stop."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log = tmp_path / "up.log"
@@ -326,12 +328,21 @@ def test_an_idle_vramlab_up_is_quiet_and_verbose_says_more(tmp_path: Path) -> No
             assert time.monotonic() < deadline, "the worker stopped claiming"
             seen |= {w["last_seen_at"] for w in live_workers(url)}
             time.sleep(0.1)
+        with httpx.Client(base_url=url, timeout=30) as client:
+            spec = {"op": "add", "shape": [64, 64], "device": "cpu"}  # the CPU profiler's
+            exp = wait_done(client, client.post("/v1/experiments", json=spec).json()["id"])
+            assert exp["status"] == "succeeded", exp
+            assert client.get("/healthz").status_code == 200
     finally:
         code = stop(up)
     text = log.read_text()
     assert code == 0, text[-3000:]
     assert "GET /v1/workers" in text  # the access log is on
-    assert "/v1/worker/claim" not in text, text[-3000:]
+    # The one claim that found the experiment is logged; none of the empty ones.
+    claims = [line for line in text.splitlines() if "/v1/worker/claim" in line]
+    assert len(claims) == 1 and '" 200' in claims[0], text[-3000:]
+    assert "/readyz" not in text and "/healthz" not in text, text[-3000:]
+    assert "USDT" not in text, text[-3000:]  # kineto's line at each profiler start and stop
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -348,3 +359,4 @@ def test_an_idle_vramlab_up_is_quiet_and_verbose_says_more(tmp_path: Path) -> No
     finally:
         stop(api)
     assert '"POST /v1/worker/claim HTTP/1.1" 204' in log.read_text()
+    assert '"GET /readyz HTTP/1.1" 200' in log.read_text()
