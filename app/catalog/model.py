@@ -5,20 +5,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
 from app.catalog.devices import canonical_device, parse_device
 from app.catalog.dtypes import COMPLEX_DTYPES, DTYPES, FLOATING_DTYPES, itemsize
 from app.catalog.rounding import rounded_block_bytes
 from vramlab.contract import Prediction, TensorPrediction
-
-MAX_DIMS = 8
-MAX_DIM_SIZE = 2**31 - 1
+from vramlab.runspec import MAX_DIM_SIZE, MAX_DIMS, ParamKind
 
 # Dtypes autograd can differentiate (float8 cannot).
 GRAD_DTYPES = tuple(d for d in (*FLOATING_DTYPES, *COMPLEX_DTYPES) if not d.startswith("float8"))
 
-ParamKind = Literal["int", "float", "bool", "shape", "dtype", "device", "choice", "text", "mapping"]
 
 MAX_TEXT = 200
 # A mapping param (a model's config overrides): bounded in keys, nesting and sizes.
