@@ -6,6 +6,9 @@ import ast
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, ForwardRef, get_args, get_type_hints
+
+from vramlab import runspec
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where each top-level package's source lives.
@@ -150,3 +153,71 @@ def test_the_layout_check_sees_a_circle_and_an_upward_import() -> None:
     }
     assert _cycles(made_up) == [["app.fits.endpoints", "app.fits.service"]]
     assert _layer("app.fits.endpoints") > _layer("app.fits.service") > _layer("app.core.db")
+
+
+# What names a run spec (or its typed parts) where workers/ holds it. The ops of the
+# registry (workers/ops/) read their own op's params, which the catalog declares per op,
+# and a scenario reads its steps: those are the op's data, not the run spec's fields.
+SPEC_NAMES = {"spec", "run_spec", "run", "model_params"}
+OP_PARAM_MODULES = ("workers/ops/", "workers/scenario.py")
+
+
+def _spec_key_reads(source: str, path: str) -> list[str]:
+    """Where ``source`` reads a run spec by string key: ``spec["op"]``, ``spec.get("x")``,
+    and outside the op registry ``params["x"]`` / ``params.get("x")`` too."""
+    names = set(SPEC_NAMES)
+    if not path.startswith(OP_PARAM_MODULES):
+        names.add("params")
+
+    def spec_like(node: ast.expr) -> bool:
+        if isinstance(node, ast.Name):
+            return node.id in names
+        return isinstance(node, ast.Attribute) and node.attr in names
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Subscript) and spec_like(node.value):
+            if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+                found.append(f"{path}:{node.lineno}")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and spec_like(node.func.value)
+        ):
+            found.append(f"{path}:{node.lineno}")
+    return found
+
+
+def test_the_worker_reads_the_run_spec_by_attribute_not_by_key() -> None:
+    found = []
+    for path in sorted((ROOT / "workers").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        found += _spec_key_reads(path.read_text(), rel)
+    assert found == []
+
+
+def test_the_spec_key_check_sees_a_key_read() -> None:
+    made_up = 'x = spec["op"]\ny = spec.get("trace", "events")\nz = params.get("seq_len")\n'
+    assert len(_spec_key_reads(made_up, "workers/runner.py")) == 3
+    assert len(_spec_key_reads('n = ctx.params["width"]\n', "workers/ops/modules.py")) == 0
+
+
+def _loose(tp: object) -> bool:
+    """Whether a type is ``Any`` or holds it (``dict[str, Any]``...)."""
+    if tp is Any:
+        return True
+    return any(_loose(arg) for arg in get_args(tp) if not isinstance(arg, str | ForwardRef))
+
+
+def test_the_run_spec_is_typed_all_the_way_down() -> None:
+    """No field of the run spec or its parts is ``Any`` or a ``dict[str, Any]``: op params
+    and a scenario's steps are JSON data, a model's config overrides a mapping of JSON."""
+    loose = [
+        f"{cls.__name__}.{name}"
+        for cls in (runspec.RunSpec, runspec.ModelParams, runspec.AllocatorSettings)
+        for name, tp in get_type_hints(cls).items()
+        if _loose(tp)
+    ]
+    assert loose == []
+    assert _loose(dict[str, Any]) and not _loose(runspec.OpParams)
