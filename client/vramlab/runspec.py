@@ -161,6 +161,12 @@ class ModelParams:
     def from_wire(cls, data: Mapping[str, Any]) -> ModelParams:
         return wire.load(cls, data, "params")
 
+    @classmethod
+    def of(cls, value: ModelParams | Mapping[str, Any]) -> ModelParams:
+        """``value`` typed: a caller of the predictor or the builder (a benchmark, a test)
+        may pass the params as the spec spells them."""
+        return value if isinstance(value, ModelParams) else cls.from_wire(value)
+
     def wire(self) -> dict[str, Any]:
         out: dict[str, Any] = wire.dump(self)
         return out

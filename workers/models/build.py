@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,10 +118,13 @@ def config_of(params: ModelParams) -> tuple[Resolved, Any]:
     return resolved, config
 
 
-def build(params: ModelParams, device: torch.device, initialize: bool = True) -> Built:
+def build(
+    params: ModelParams | Mapping[str, Any], device: torch.device, initialize: bool = True
+) -> Built:
     """The model (random weights, on ``device``), optimizer and one step's inputs.
     ``initialize=False`` skips drawing the weights (the predictor's fake tensors hold no
     values)."""
+    params = ModelParams.of(params)
     import transformers
     from transformers.initialization import no_init_weights
 

@@ -132,11 +132,14 @@ class Traced:
 
 
 def predict(
-    params: ModelParams, device_type: str, allocator: Mapping[str, Any] | None = None
+    params: ModelParams | Mapping[str, Any],
+    device_type: str,
+    allocator: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The reported step's predicted peak allocated and reserved (under the spec's
     ``capacity_bytes``, if any), and its categories. ``allocator``: the spec's
     caching-allocator settings."""
+    params = ModelParams.of(params)
     started = time.perf_counter()
     traced = trace(params, device_type, allocator)
     return {
@@ -150,9 +153,12 @@ def predict(
 
 
 def trace(
-    params: ModelParams, device_type: str, allocator: Mapping[str, Any] | None = None
+    params: ModelParams | Mapping[str, Any],
+    device_type: str,
+    allocator: Mapping[str, Any] | None = None,
 ) -> Traced:
     """The spec's reported step traced on fake tensors (see ``Traced``)."""
+    params = ModelParams.of(params)
     cuda = device_type == "cuda"
     if cuda and params.optimizer_impl == "default":
         # PyTorch's default on CUDA is the foreach implementation (for-loop on the CPU).
@@ -188,12 +194,13 @@ Phases = dict[str, dict[str, int]]
 
 
 def _phases(
-    params: ModelParams, cuda: bool, logged: bool = False
+    params: ModelParams | Mapping[str, Any], cuda: bool, logged: bool = False
 ) -> tuple[Phases, list[tuple[int, int]] | None]:
     """Each phase's peak by category: traced whole, or for a deep stack of identical
     blocks, traced at two shallow depths and extended. ``logged``: also the allocation
     log of the build and steps 1 and 2 at the model's full depth (from the 3-block trace,
     deepened; traced whole where its blocks do not repeat cleanly)."""
+    params = ModelParams.of(params)
     depth = _depth(params)
     if depth is None:
         phases, log = _trace(params, cuda, logged)
@@ -216,11 +223,15 @@ def _phases(
 
 
 def _trace(
-    params: ModelParams, cuda: bool, logged: bool = False, blocks: int | None = None
+    params: ModelParams | Mapping[str, Any],
+    cuda: bool,
+    logged: bool = False,
+    blocks: int | None = None,
 ) -> tuple[Phases, AllocationLog | None]:
     """Each phase's peak, by category, from the step traced on fake tensors; with
     ``logged``, the allocation log of the build, step 1 and that step (its events tagged
     with the block of a stack of ``blocks`` they happen in)."""
+    params = ModelParams.of(params)
     semantics = CudaSemantics() if cuda else None
     log = AllocationLog(workspace=CUBLAS_WORKSPACE if cuda else 0) if logged else None
     with FakeTensorMode(allow_non_fake_inputs=True):
