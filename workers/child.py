@@ -25,7 +25,7 @@ import torch
 import torch._dynamo
 import torch.profiler
 
-from vramlab import contract
+from vramlab import contract, wire
 from vramlab.contract import ErrorType, Status
 from vramlab.runspec import RunSpec
 from workers import shared
@@ -116,7 +116,8 @@ def main(
             spec, Path(trace_path) if trace_path else None, t0_ns, prepared, stages, runs_before
         )
         # What the API will accept, checked here: a field nobody declared is our bug.
-        payload = contract.Outcome.model_validate(payload).wire()
+        payload = wire.dump(payload)
+        wire.load(contract.Outcome, payload)
     except BaseException as exc:  # a bug of ours: report it rather than die silently
         message = (str(exc) or type(exc).__name__)[: contract.MAX_ERROR_MESSAGE_CHARS]
         payload = {

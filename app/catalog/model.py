@@ -10,7 +10,7 @@ from typing import Any
 from app.catalog.devices import canonical_device, parse_device
 from app.catalog.dtypes import COMPLEX_DTYPES, DTYPES, FLOATING_DTYPES, itemsize
 from app.catalog.rounding import rounded_block_bytes
-from vramlab.contract import Prediction, TensorPrediction
+from app.core.contract import Prediction, TensorPrediction
 from vramlab.runspec import MAX_DIM_SIZE, MAX_DIMS, ParamKind
 
 # Dtypes autograd can differentiate (float8 cannot).

@@ -293,12 +293,11 @@ class RunSpec:
         return self.model.wire() if self.model is not None else self.params
 
     def prediction_wire(self) -> dict[str, Any] | None:
-        """The prediction as the API planned it (its keys as stored), for the result."""
+        """The prediction as the API planned it, for the result (fields it left out
+        omitted, as it stored them)."""
         if self.prediction is None:
             return None
-        out: dict[str, Any] = self.prediction.model_dump(
-            mode="json", by_alias=True, exclude_unset=True
-        )
+        out: dict[str, Any] = {k: v for k, v in wire.dump(self.prediction).items() if v is not None}
         return out
 
     def replace(self, **changes: Any) -> RunSpec:
@@ -318,7 +317,7 @@ class RunSpec:
             spec,
             params={} if model else wire.load(OpParams, params, "params"),
             model=model,
-            prediction=Prediction.model_validate(prediction) if prediction else None,
+            prediction=wire.load(Prediction, prediction, "prediction") if prediction else None,
         )
 
     def wire(self) -> dict[str, Any]:

@@ -126,9 +126,12 @@ def _value(tp: Any, data: Any, where: str) -> Any:
             raise WireError(where, "must be a number")
         return data
     if tp is int:
-        if isinstance(data, bool) or not isinstance(data, int):
+        # As pydantic reads an integer: 3, 3.0 or a numpy integer, never true or 3.5.
+        if isinstance(data, float) and data.is_integer():
+            return int(data)
+        if isinstance(data, bool) or not hasattr(data, "__index__"):
             raise WireError(where, "must be an integer")
-        return data
+        return int(data)
     if tp in (str, bool):
         if not isinstance(data, tp):
             raise WireError(where, f"must be a {'string' if tp is str else 'boolean'}")

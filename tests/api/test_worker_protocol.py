@@ -388,8 +388,9 @@ def test_a_claimed_spec_keeps_the_wire_form_older_workers_read(client: httpx.Cli
     spec = got["spec"]
     assert set(spec) == WIRE_SPEC_KEYS
     assert spec["allocator"] == {"expandable_segments": True}
-    assert spec["prediction"]["delta_allocated"] == spec["prediction"]["allocated_after"] - (
-        spec["prediction"]["allocated_before"]
+    assert (
+        spec["prediction"]["delta_allocated"]
+        == spec["prediction"]["allocated_after"] - (spec["prediction"]["allocated_before"])
     )
     # The worker of this release reads it typed, and writes it back the same.
     run = RunSpec.from_wire(spec)

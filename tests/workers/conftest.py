@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 
 from app.catalog import plan_spec
-from vramlab import contract
+from app.core.contract import Outcome as ApiOutcome
 from vramlab.runspec import RunSpec
 from workers.endings import Outcome
 from workers.runner import Runner
@@ -49,7 +49,7 @@ class CheckedRunner(Runner):
         if not isinstance(spec, RunSpec):  # a spec as the claim sends it
             spec = RunSpec.from_wire(spec)
         outcome = super().run(spec, **kwargs)
-        contract.Outcome.model_validate(
+        ApiOutcome.model_validate(
             {
                 "status": outcome.status,
                 "result": outcome.result,

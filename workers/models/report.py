@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vramlab import wire
 from vramlab.contract import Category, ModelFigures, ModelStep, PhasePeak
 from vramlab.runspec import RunSpec
 from vramlab.units import human_bytes
@@ -77,7 +78,7 @@ def finish(result: dict[str, Any], details: dict[str, Any], records: dict[str, A
         samples_per_s=raw["batch_size"] / wall if wall else None,
         tokens_per_s=raw["tokens_per_step"] / wall if wall and raw["tokens_per_step"] else None,
     )
-    result["model"] = figures.model_dump()
+    result["model"] = wire.dump(figures)
     tally = raw["tally"]
     result["categories"] = at_measured_peak(tally["categories"], reported.peak_allocated)
     details["model_tally"] = {

@@ -24,7 +24,7 @@ from app.catalog.scenario.bounds import (
 from app.catalog.scenario.ledger import Ledger
 from app.catalog.scenario.steps import HANDLERS, get
 from app.catalog.scenario.vocabulary import ALLOWED, FIELDS, STEP_KINDS, step_title
-from vramlab.contract import Prediction, StepPrediction
+from app.core.contract import Prediction, StepPrediction
 
 
 def _run(state: Ledger, steps: Any, where: str, depth: int) -> list[StepPrediction]:
