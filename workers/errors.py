@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from app.catalog import CatalogError
+from vramlab.catalog.errors import CatalogError
 from vramlab.contract import ErrorType
 from vramlab.runspec import RunSpec
 from workers import limits

@@ -41,7 +41,7 @@ from multiprocessing.context import (
 from pathlib import Path
 from typing import Any
 
-from app.catalog.devices import canonical_device
+from vramlab.catalog.devices import canonical_device
 from vramlab.contract import ChildStart, ErrorType, Isolation, Status
 from vramlab.runspec import RunSpec
 from workers import allocator

@@ -7,9 +7,9 @@ from fastapi import APIRouter
 
 from app.api.deps import SettingsDep, require
 from app.catalog import DTYPES, OPS
-from app.catalog.model_zoo import HUB_NAMES, PRESETS, model_types
 from app.catalog.schemas import CatalogOut, ModelCatalogOut, PresetModelOut
 from app.core.config import Settings
+from vramlab.catalog.model_zoo import HUB_NAMES, PRESETS, model_types
 from vramlab.runspec import MAX_DIMS
 
 router = APIRouter(prefix="/v1", tags=["catalog"], dependencies=[require("read")])

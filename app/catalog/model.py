@@ -7,10 +7,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from app.catalog.devices import canonical_device, parse_device
-from app.catalog.dtypes import COMPLEX_DTYPES, DTYPES, FLOATING_DTYPES, itemsize
 from app.catalog.rounding import rounded_block_bytes
 from app.core.contract import Prediction, TensorPrediction
+from vramlab.catalog.devices import canonical_device, parse_device
+from vramlab.catalog.dtypes import COMPLEX_DTYPES, DTYPES, FLOATING_DTYPES, itemsize
+from vramlab.catalog.errors import CatalogError
 from vramlab.runspec import MAX_DIM_SIZE, MAX_DIMS, ParamKind
 
 # Dtypes autograd can differentiate (float8 cannot).
@@ -44,15 +45,6 @@ def _check_mapping_value(value: Any, field: str) -> Any:
             out.append(_check_mapping_value(item, f"{field}[{i}]"))
         return out
     raise CatalogError(field, "must be a number, string, bool, null or a list of them")
-
-
-class CatalogError(ValueError):
-    """A spec that the catalog rejects; ``field`` names the part of the spec at fault."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-        self.message = message
 
 
 def check_shape(value: Any, field: str) -> tuple[int, ...]:

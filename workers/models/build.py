@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from app.catalog import CatalogError
-from app.catalog.model_zoo import Resolved, resolve
+from vramlab.catalog.errors import CatalogError
+from vramlab.catalog.model_zoo import Resolved, resolve
 from vramlab.runspec import DEFAULT_IMAGE_SIZE, ModelParams
 
 # The child never reaches a model hub: configs are built, weights are random.

@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from app.catalog import CatalogError
-from app.catalog.model_zoo import resolve
+from vramlab.catalog.errors import CatalogError
+from vramlab.catalog.model_zoo import resolve
 from vramlab.contract import Category
 from vramlab.runspec import ModelParams
 from workers.models.alloc_log import (

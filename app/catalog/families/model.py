@@ -13,7 +13,7 @@ from typing import Any
 
 from app.catalog.families.common import Params, Shape
 from app.catalog.model import CatalogError, OpEntry, Param, TensorPlan
-from app.catalog.model_zoo import UnknownModel, resolve
+from vramlab.catalog.model_zoo import UnknownModel, resolve
 from vramlab.runspec import (
     DEFAULT_NEW_TOKENS,
     MODEL_OP,
