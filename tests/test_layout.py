@@ -1,5 +1,5 @@
 """The house's shape, read from the source: the import graph has no circle beyond the ORM
-models, no module imports one of a layer above its own, the worker stands apart from
+tables, no module imports one of a layer above its own, the worker stands apart from
 the server, and the client imports nothing of either."""
 
 import ast
@@ -13,10 +13,10 @@ from vramlab import runspec
 ROOT = Path(__file__).resolve().parents[1]
 # Where each top-level package's source lives.
 SOURCES = {"app": ROOT / "app", "workers": ROOT / "workers", "vramlab": ROOT / "client" / "vramlab"}
-# The ORM models refer to each other (relationships): the one circle allowed.
-MODELS = "app.models"
+# The ORM tables refer to each other (relationships): the one circle allowed.
+TABLES = "app.tables"
 # The layers, bottom up; a module may import its own layer and those below.
-CONTRACT, CORE, MODELS_LAYER, CATALOG, DOMAIN, HTTP_SHELL, ENDPOINTS = range(7)
+CONTRACT, CORE, TABLES_LAYER, CATALOG, DOMAIN, HTTP_SHELL, ENDPOINTS = range(7)
 
 
 def _modules() -> dict[str, Path]:
@@ -69,7 +69,7 @@ def _layer(module: str) -> int:
         return ENDPOINTS
     if module == "app.api.health" or module.endswith("_endpoints"):
         return ENDPOINTS
-    return {"core": CORE, "models": MODELS_LAYER, "catalog": CATALOG, "api": HTTP_SHELL}.get(
+    return {"core": CORE, "tables": TABLES_LAYER, "catalog": CATALOG, "api": HTTP_SHELL}.get(
         head, DOMAIN
     )
 
@@ -109,8 +109,8 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_no_circle_beyond_the_orm_models() -> None:
-    circles = [c for c in _cycles(_graph()) if not all(m.startswith(MODELS) for m in c)]
+def test_no_circle_beyond_the_orm_tables() -> None:
+    circles = [c for c in _cycles(_graph()) if not all(m.startswith(TABLES) for m in c)]
     assert circles == []
 
 

@@ -11,7 +11,7 @@ from app.experiments import service as experiments
 from app.experiments import views as experiment_views
 from app.figures.chart import human_bytes
 from app.figures.service import label
-from app.models import Experiment
+from app.tables import Experiment
 from vramlab.contract import MEMORY_KEYS, Figure, Status
 
 MAX_IDS = 10

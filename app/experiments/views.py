@@ -9,7 +9,7 @@ from app.experiments import answers
 from app.experiments.schemas import ExperimentError, ExperimentOut, QueueInfo
 from app.experiments.spec_schemas import ExperimentSpec
 from app.experiments.specs import AcceptedSpec
-from app.models import Experiment
+from app.tables import Experiment
 from vramlab.contract import Status
 
 

@@ -29,7 +29,7 @@ from app.experiments import service as experiments
 from app.experiments.specs import AcceptedSpec
 from app.fits import search as fit_search
 from app.fits.search import Outcome
-from app.models import Experiment, ExperimentTag, Fit
+from app.tables import Experiment, ExperimentTag, Fit
 from vramlab.contract import FitStatus, Status
 from vramlab.runspec import DEFAULT_SEQ_LEN, model_default
 

@@ -1,7 +1,7 @@
 """The run spec a claim hands a worker, built once from the experiment's row."""
 
 from app.core.config import Settings
-from app.models import Experiment
+from app.tables import Experiment
 from vramlab.runspec import RunSpec
 
 

@@ -31,8 +31,8 @@ from app.experiments import service as experiments
 from app.experiments.spec_schemas import ExperimentSpec
 from app.experiments.specs import AcceptedSpec, PlanCache, accept
 from app.figures.chart import Chart, Line
-from app.models import Experiment, ExperimentTag, Sweep
 from app.sweeps.schemas import SweepIn, SweepOut, SweepRow
+from app.tables import Experiment, ExperimentTag, Sweep
 from vramlab.contract import ErrorType, Figure, Status
 
 MAX_POINTS = 1000

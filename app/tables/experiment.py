@@ -7,11 +7,11 @@ from sqlalchemy import BigInteger, ForeignKey, Index, String, Text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
 from app.core import contract as models
-from app.models.base import Base, utcnow
+from app.tables.base import Base, utcnow
 
 if TYPE_CHECKING:
-    from app.models.result import Result
-    from app.models.tag import ExperimentTag
+    from app.tables.result import Result
+    from app.tables.tag import ExperimentTag
 
 
 class Experiment(Base):
