@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from tests.api.test_auth import bearer, create_token
+from tests.api.test_claim_wakes import looks
 from tests.conftest import LiveServer, make_settings
 from tests.helpers import (
     ADD,
@@ -215,7 +216,10 @@ def test_a_new_experiment_wakes_a_waiting_claim(database_url: str) -> None:
         got: list[dict[str, Any] | None] = []
         waiter = threading.Thread(target=lambda: got.append(claim(client, worker, wait_s=8)))
         waiter.start()
-        time.sleep(0.5)
+        deadline = time.monotonic() + 10
+        while looks(client).get("false", 0) < 1:  # the claim looked, found nothing, waits
+            assert time.monotonic() < deadline, looks(client)
+            time.sleep(0.02)
         exp = submit(client)
         waiter.join()
         assert got[0] is not None and got[0]["id"] == exp["id"]
