@@ -224,3 +224,29 @@ def test_the_run_spec_is_typed_all_the_way_down() -> None:
     ]
     assert loose == []
     assert _loose(dict[str, Any]) and not _loose(runspec.OpParams)
+
+
+def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Which of app's packages import which, leaving out those built to read every domain:
+    the HTTP shell (app.api, app.main, app.cli) and the pages (app.ui)."""
+    apart = ("app.api", "app.main", "app.cli", "app.ui")
+    packages: dict[str, set[str]] = defaultdict(set)
+    for a, targets in graph.items():
+        if not a.startswith("app.") or a.startswith(apart):
+            continue
+        pa = ".".join(a.split(".")[:2])
+        found = {".".join(b.split(".")[:2]) for b in targets if not b.startswith(apart)}
+        packages[pa] |= found - {pa}
+    return packages
+
+
+def test_no_two_packages_import_each_other() -> None:
+    """Package by package (app.experiments, app.queue, ...), the import graph has no
+    circle either: the queue builds the run spec it hands out from its row, not from the
+    experiments' views."""
+    assert _cycles(_package_graph(_graph())) == []
+    made_up = {
+        "app.queue.endpoints": {"app.experiments.views"},
+        "app.experiments.service": {"app.queue.service"},
+    }
+    assert _cycles(_package_graph(made_up)) == [["app.experiments", "app.queue"]]
