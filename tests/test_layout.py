@@ -3,6 +3,7 @@ tables, no module imports one of a layer above its own, the worker stands apart 
 the server, and the client imports nothing of either."""
 
 import ast
+import itertools
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -250,3 +251,25 @@ def test_no_two_packages_import_each_other() -> None:
         "app.experiments.service": {"app.queue.service"},
     }
     assert _cycles(_package_graph(made_up)) == [["app.experiments", "app.queue"]]
+
+
+def _started_modules(source: str) -> set[str]:
+    """The modules a source starts as processes (``[..., "-m", "workers.cli", ...]``)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.List):
+            items = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+            found |= {str(b) for a, b in itertools.pairwise(items) if a == "-m" and b}
+    return found
+
+
+def test_the_worker_modules_the_server_starts_are_the_known_two() -> None:
+    """The server never imports workers/, but it starts two of its modules as processes:
+    the model predictor beside the API (which needs torch and transformers, and says so
+    when they are missing) and the local worker of ``vramlab up``. The import graph cannot
+    see a process; this test does, so a third one is a decision, not an accident."""
+    started = set()
+    for path in (ROOT / "app").rglob("*.py"):
+        started |= {m for m in _started_modules(path.read_text()) if m.startswith("workers")}
+    assert started == {"workers.models.predict", "workers.cli"}
+    assert _started_modules('cmd = [sys.executable, "-m", "workers.x", "--a"]\n') == {"workers.x"}
