@@ -13,15 +13,19 @@ model of the caching allocator (workers/models/caching_allocator.py) with the sp
 allocator settings, under ``capacity_bytes`` where the spec sets one (then the figure
 is what the capped allocator reserves, above the cap only where the step cannot fit).
 
-Run as ``python -m workers.models.predict``: a server of JSON lines on stdin/stdout,
-one request ``{"id", "params", "device"}`` and one answer per line, for the API's warm
-predictor child (app/experiments/predictor.py). The API never imports torch.
+Run as ``python -m workers.models.predict [--nice N]``: a server of JSON lines on
+stdin/stdout, a ``{"ready": true}`` line once torch is imported, then one request
+``{"id", "params", "device", "allocator"}`` and one answer per line, for the API's warm
+predictor children (app/experiments/predictor_backends.py) and the predictor service
+(workers/predictor_service.py). The API never imports torch. What a spec costs to trace
+is judged before it is built (workers/models/cost.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 import time
 from collections.abc import Mapping
@@ -34,6 +38,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from app.catalog import CatalogError
 from app.catalog.model_zoo import resolve
 from vramlab.contract import Category
+from workers.models import cost
 from workers.models.alloc_log import (
     TRACED_DEPTH,
     AllocationLog,
@@ -95,13 +100,18 @@ class FakeScaler:
         return None
 
 
-# Config keys that count a model's repeated blocks. A stack of identical blocks adds the
-# same bytes per block to every phase's peak, so a deep model is traced at two shallow
-# depths and each phase's peak extended in a straight line (exact on GPT-2, BERT and
-# Llama stacks against tracing them whole); the largest phase wins.
-LAYER_KEYS = ("n_layer", "num_hidden_layers", "num_layers")
+# A stack of identical blocks adds the same bytes per block to every phase's peak, so a
+# deep model is traced at two shallow depths and each phase's peak extended in a straight
+# line (exact on GPT-2, BERT and Llama stacks against tracing them whole); the largest
+# phase wins. Which models are deep, and what is too costly to trace: workers/models/cost.py.
 SHALLOW = (2, 3)
-DEEP_ENOUGH = 6  # fewer blocks than this are traced whole
+# The reserved peak replays the deepened allocation log; past this depth it is replayed at
+# half and all of it and extended on the same line.
+MAX_REPLAY_DEPTH = 128
+EXTENDED_CAVEAT = (
+    "reserved at {depth} blocks is extended in a straight line from the allocator model's "
+    "replay at {a} and {b} blocks"
+)
 
 
 @dataclass
@@ -116,6 +126,9 @@ class Traced:
     cuda: bool
     events: list[tuple[int, int]] | None = None
     settings: Settings | None = None
+    # For a stack deeper than MAX_REPLAY_DEPTH: (depth, events at half of it, its depth);
+    # ``events`` is then the log at MAX_REPLAY_DEPTH.
+    extended: tuple[int, list[tuple[int, int]], int] | None = None
 
     @property
     def peak_allocated(self) -> int:
@@ -127,6 +140,11 @@ class Traced:
             return self.peak_allocated
         if self.events is None or self.settings is None:
             return rounded(self.peak_allocated, SEGMENT)
+        if self.extended is not None:
+            depth, half, at = self.extended
+            a = reserved_peak(half, self.settings)
+            b = reserved_peak(self.events, self.settings)
+            return a + (b - a) * (depth - at) // (MAX_REPLAY_DEPTH - at)
         return reserved_peak(self.events, self.settings, capacity)
 
 
@@ -160,7 +178,7 @@ def trace(
     new_tokens = int(params.get("new_tokens") or DEFAULT_NEW_TOKENS)
     causal = resolve(str(params["model"]), params.get("head")).kind == "causal-lm"
     settings = _settings(allocator) if cuda else None
-    events: list[tuple[int, int]] | None = None
+    events: Logged = None
     if params.get("task") == "generate" and new_tokens > 2 and causal:
         # The prefill, and the last decoded token (its KV cache is the largest): a
         # prefill of all but the last two tokens then one decoded token holds what the
@@ -175,6 +193,11 @@ def trace(
     phase = max(phases, key=lambda name: sum(phases[name].values()))
     categories = {str(k): v for k, v in phases[phase].items()}
     caveats = list(CAVEATS) if cuda else [CPU_CAVEAT]
+    extended = events if isinstance(events, tuple) else None
+    if extended is not None:
+        events = extended[1]
+        depth, _, at = extended[0]
+        caveats.append(EXTENDED_CAVEAT.format(depth=depth, a=at, b=MAX_REPLAY_DEPTH))
     if cuda:
         task = str(params.get("task", "train"))
         workspace = CUBLAS_WORKSPACE * (2 if task == "train" else 1)
@@ -182,38 +205,80 @@ def trace(
         categories[temporaries] = categories.get(temporaries, 0) + workspace
         if events is None:
             caveats.append(ROUNDED_CAVEAT)
-    return Traced(categories, phase, caveats, cuda, events, settings)
+    replayed = None if extended is None else extended[0]
+    flat = None if isinstance(events, tuple) else events
+    return Traced(categories, phase, caveats, cuda, flat, settings, replayed)
 
 
 Phases = dict[str, dict[str, int]]
+Events = list[tuple[int, int]]
+# The allocation log to replay; for a stack past MAX_REPLAY_DEPTH, ((depth, the log at
+# half of MAX_REPLAY_DEPTH, that half), the log at MAX_REPLAY_DEPTH).
+Logged = Events | tuple[tuple[int, Events, int], Events] | None
 
 
-def _phases(
-    params: Mapping[str, Any], cuda: bool, logged: bool = False
-) -> tuple[Phases, list[tuple[int, int]] | None]:
-    """Each phase's peak by category: traced whole, or for a deep stack of identical
-    blocks, traced at two shallow depths and extended. ``logged``: also the allocation
-    log of the build and steps 1 and 2 at the model's full depth (from the 3-block trace,
-    deepened; traced whole where its blocks do not repeat cleanly)."""
-    depth = _depth(params)
-    if depth is None:
+def _phases(params: Mapping[str, Any], cuda: bool, logged: bool = False) -> tuple[Phases, Logged]:
+    """Each phase's peak by category: traced whole, or for a deep model, traced at shallow
+    depths and extended (workers/models/cost.py decides which, or refuses). ``logged``: also
+    the allocation log of the build and steps 1 and 2 at the model's full depth (from the
+    3-block trace, deepened; traced whole where its blocks do not repeat cleanly and the
+    model is shallow enough)."""
+    from workers.models.build import config_of
+
+    _, config = config_of(params)
+    how = cost.plan(config, params.get("config") or {})
+    if not how.shallow:
         phases, log = _trace(params, cuda, logged)
         return phases, None if log is None else [(e.key, e.nbytes) for e in log.events]
-    key, layers = depth
+    if not how.uniform:
+        return _extend_stacks(params, cuda, how.depths), None
+    layers = next(iter(how.depths.values()))
     shallow = []
-    events = None
+    events: Logged = None
     for n in SHALLOW:
-        config = {**(params.get("config") or {}), key: n}
+        config = {**(params.get("config") or {}), **dict.fromkeys(how.depths, n)}
         phases, log = _trace({**params, "config": config}, cuda, logged and n == TRACED_DEPTH, n)
         shallow.append(phases)
         if log is not None:
-            try:
-                events = deepen(log.events, layers)
-            except NotRegular:
-                _, whole = _trace(params, cuda, True)
-                assert whole is not None
-                events = [(e.key, e.nbytes) for e in whole.events]
+            events = _deepened(params, cuda, log, layers, how.blocks)
     return _extend(shallow, layers), events
+
+
+def _deepened(
+    params: Mapping[str, Any], cuda: bool, log: AllocationLog, layers: int, blocks: int
+) -> Logged:
+    """The shallow log deepened to ``layers`` (past MAX_REPLAY_DEPTH, to it and its half
+    for a straight line); where its blocks do not repeat cleanly, the model traced whole if
+    it is shallow enough to trace, else nothing (reserved is then rounded up)."""
+    try:
+        if layers <= MAX_REPLAY_DEPTH:
+            return deepen(log.events, layers)
+        half = MAX_REPLAY_DEPTH // 2
+        return (layers, deepen(log.events, half), half), deepen(log.events, MAX_REPLAY_DEPTH)
+    except NotRegular:
+        if blocks > cost.MAX_WHOLE_BLOCKS:
+            return None
+        _, whole = _trace(params, cuda, True)
+        assert whole is not None
+        return [(e.key, e.nbytes) for e in whole.events]
+
+
+def _extend_stacks(params: Mapping[str, Any], cuda: bool, depths: Mapping[str, int]) -> Phases:
+    """Stacks of different depths (an encoder and a decoder): traced with every stack at 2
+    blocks, then each at 3 in turn, and each phase's categories extended along each stack's
+    own line."""
+    low, high = SHALLOW
+    overrides = params.get("config") or {}
+    base, _ = _trace({**params, "config": {**overrides, **dict.fromkeys(depths, low)}}, cuda)
+    out = {phase: dict(categories) for phase, categories in base.items()}
+    for key, layers in depths.items():
+        config = {**overrides, **dict.fromkeys(depths, low), key: high}
+        deeper, _ = _trace({**params, "config": config}, cuda)
+        for phase in out.keys() & deeper.keys():
+            for k in out[phase]:
+                step = deeper[phase].get(k, 0) - base[phase][k]
+                out[phase][k] = max(0, out[phase][k] + step * (layers - low))
+    return out
 
 
 def _trace(
@@ -229,7 +294,7 @@ def _trace(
             if log is not None:
                 logging.enter_context(log)
                 logging.enter_context(log.during("build"))
-            built = build(params, torch.device("cpu"), initialize=False)
+            built = _build(params)
         if built.scaler is not None:
             built.scaler = FakeScaler(built.device)
         if semantics is not None:
@@ -250,6 +315,32 @@ def _trace(
             log.close()  # what dies after step 2 (the model, as the trace ends) is not in it
             _drop_host_tensors(built, log)
     return phases, log
+
+
+# What fake tensors cannot do that real ones can (a value read while building): the model
+# may still build and run on a worker, so the spec is measured only.
+FAKE_ONLY = (
+    "DataDependentOutputException",
+    "DynamicOutputShapeException",
+    "UnsupportedOperatorException",
+    "UnsupportedFakeTensorException",
+)
+
+
+def _build(params: Mapping[str, Any]) -> Built:
+    """The model built on fake tensors; a config no model can be built with is a
+    CatalogError (the spec would fail on every worker: it is refused, not queued)."""
+    try:
+        return build(params, torch.device("cpu"), initialize=False)
+    except CatalogError:
+        raise
+    except Exception as exc:
+        if type(exc).__name__ in FAKE_ONLY or isinstance(exc, ImportError):
+            raise
+        raise CatalogError(
+            "params.config",
+            f"this model cannot be built with this config: {type(exc).__name__}: {str(exc)[:300]}",
+        ) from None
 
 
 def _drop_host_tensors(built: Built, log: AllocationLog) -> None:
@@ -289,21 +380,6 @@ def reserved_peak(
         if not capped.oom:
             return capped.peak_reserved
     return replay(sequence, CachingAllocator(settings)).peak_reserved
-
-
-def _depth(params: Mapping[str, Any]) -> tuple[str, int] | None:
-    """The key and count of a deep model's repeated blocks (None: trace it whole)."""
-    from workers.models.build import config_of
-
-    _, config = config_of(params)
-    keys = [k for k in LAYER_KEYS if isinstance(getattr(config, k, None), int)]
-    if len(keys) != 1 or getattr(config, "num_decoder_layers", None) not in (
-        None,
-        getattr(config, keys[0]),
-    ):
-        return None
-    layers = int(getattr(config, keys[0]))
-    return (keys[0], layers) if layers >= DEEP_ENOUGH else None
 
 
 def _extend(shallow: list[dict[str, dict[str, int]]], layers: int) -> dict[str, dict[str, int]]:
@@ -350,7 +426,18 @@ def answer(request: Mapping[str, Any]) -> dict[str, Any]:
         }
 
 
-def serve() -> None:
+WARM_UP = {"model": "gpt2", "batch_size": 1, "seq_len": 8, "config": {"n_layer": 1}}
+
+
+def serve(nice: int = 0) -> None:
+    """Answer requests from stdin; first a ``{"ready": true}`` line (torch is imported)."""
+    if nice:
+        os.nice(nice)  # below the API that started it: reads keep their CPU
+    # A first step traced warms what every later one uses (transformers' lazy imports,
+    # torch's dispatch caches): a second or more that no submitter should wait for.
+    answer({"params": WARM_UP, "device": "cuda"})
+    sys.stdout.write(json.dumps({"ready": True}) + "\n")
+    sys.stdout.flush()
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -363,4 +450,8 @@ def serve() -> None:
 
 
 if __name__ == "__main__":
-    serve()
+    import argparse
+
+    parser = argparse.ArgumentParser(description="vramlab's model predictor (JSON lines)")
+    parser.add_argument("--nice", type=int, default=0, help="lower this process's priority")
+    serve(parser.parse_args().nice)
