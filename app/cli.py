@@ -211,6 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker_cli.add_parser(sub)
 
+    from workers import predictor_service  # the predictor service needs torch, not the API
+
+    predictor_service.add_parser(sub)
+
     p = sub.add_parser("migrate", help="upgrade the database schema (Alembic)")
     p.set_defaults(func=cmd_migrate)
 

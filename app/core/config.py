@@ -53,6 +53,8 @@ class Settings(BaseSettings):
     # beside the API; without them and without a URL, no prediction).
     model_predictions: bool = True
     predictor_url: str | None = None
+    # The predictor service's bearer token (`vramlab predictor` requires it where set).
+    predictor_token: str | None = None
     # Children per API process (or requests in flight to the service), and how much
     # lower than the API's their CPU priority is (nice).
     model_predictor_children: int = Field(default=2, ge=1, le=64)

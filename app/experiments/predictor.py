@@ -319,7 +319,9 @@ def make(settings: Settings) -> Predictor | None:
         return None
     backend: Backend
     if settings.predictor_url:
-        backend = Remote(settings.predictor_url, settings.model_predictor_children)
+        backend = Remote(
+            settings.predictor_url, settings.model_predictor_children, settings.predictor_token
+        )
     elif installed():
         backend = Children(settings.model_predictor_children, settings.model_predictor_nice)
     else:
@@ -343,6 +345,7 @@ def shared(settings: Settings) -> Predictor | None:
         [
             settings.model_predictions,
             settings.predictor_url,
+            settings.predictor_token,
             settings.model_predictor_children,
             settings.model_predictor_nice,
             settings.model_predict_timeout_s,

@@ -138,9 +138,10 @@ class Children:
 class Remote:
     """A predictor service at ``url``; ``lanes`` requests in flight at most."""
 
-    def __init__(self, url: str, lanes: int) -> None:
+    def __init__(self, url: str, lanes: int, token: str | None = None) -> None:
         self.lanes = lanes
-        self._http = httpx.Client(base_url=url.rstrip("/"))
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._http = httpx.Client(base_url=url.rstrip("/"), headers=headers)
 
     def warm(self, lane: int) -> None:
         return None
