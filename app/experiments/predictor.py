@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 
 CACHE_SIZE = 512
 TIMEOUT_MEMORY_S = 600.0  # a time-out is remembered this long (a busy machine heals)
+PASSED_LIMIT = "passed the limit"  # in a time-out's refusal (the service's answers too)
 INTERNAL = "vramlab"  # the submitter of the service's own predictions (fit searches)
 UNAVAILABLE = (
     "no model predictor on this API host (torch and transformers are not installed "
@@ -226,7 +227,7 @@ class Predictor:
             except TimedOut:
                 outcome = CatalogError(
                     "params",
-                    f"predicting this spec passed the limit of {self.timeout_s:g} s "
+                    f"predicting this spec {PASSED_LIMIT} of {self.timeout_s:g} s "
                     f"(VRAMLAB_MODEL_PREDICT_TIMEOUT_S): it is refused; a smaller model or "
                     f"config predicts in time",
                 )
@@ -257,9 +258,7 @@ class Predictor:
         with self._cond:
             self._inflight.pop(job.key, None)
             if isinstance(outcome, ModelPrediction | CatalogError):
-                timed_out = isinstance(outcome, CatalogError) and "passed the limit" in str(
-                    outcome.message
-                )
+                timed_out = isinstance(outcome, CatalogError) and PASSED_LIMIT in outcome.message
                 expires = time.monotonic() + TIMEOUT_MEMORY_S if timed_out else float("inf")
                 self._cache[job.key] = (outcome, expires)
                 while len(self._cache) > CACHE_SIZE:
@@ -320,7 +319,10 @@ def make(settings: Settings) -> Predictor | None:
     backend: Backend
     if settings.predictor_url:
         backend = Remote(
-            settings.predictor_url, settings.model_predictor_children, settings.predictor_token
+            settings.predictor_url,
+            settings.model_predictor_children,
+            settings.predictor_token,
+            settings.model_predict_wait_s,
         )
     elif installed():
         backend = Children(settings.model_predictor_children, settings.model_predictor_nice)
