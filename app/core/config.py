@@ -59,9 +59,10 @@ class Settings(BaseSettings):
     # lower than the API's their CPU priority is (nice).
     model_predictor_children: int = Field(default=2, ge=1, le=64)
     model_predictor_nice: int = Field(default=10, ge=0, le=19)
-    # One prediction's limit (a child's start, importing torch, is not counted), how long
-    # a spec waits for a free child, and how many specs one submitter may have waiting.
-    model_predict_timeout_s: float = Field(default=10.0, gt=0)
+    # One prediction's limit in CPU seconds (a child's start, importing torch, is not
+    # counted), how long a spec waits for a free child, and how many specs one submitter
+    # may have waiting.
+    model_predict_timeout_s: float = Field(default=5.0, gt=0)
     model_predict_wait_s: float = Field(default=30.0, gt=0)
     model_predict_per_submitter: int = Field(default=16, ge=1)
     max_repeat: int = 1000

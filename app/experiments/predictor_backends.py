@@ -152,7 +152,7 @@ class Remote:
     def ask(self, lane: int, request: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         # The service applies the limit itself (a spec past it is answered as refused);
         # this waits longer than the service waits for its own answer.
-        patience = self.wait_s + timeout_s + 30
+        patience = self.wait_s + 2 * timeout_s + 30
         try:
             response = self._http.post("/v1/predict", json=request, timeout=patience)
         except httpx.HTTPError as exc:

@@ -26,9 +26,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +69,7 @@ ROUNDED_CAVEAT = (
     "reserved is the peak allocated rounded up to the allocator's 2 MiB segments "
     "(a floor: the allocator's own choices are not replayed for this task or backend)"
 )
+PASSED_LIMIT = "passed the limit"  # what a refusal for time says (the API remembers it less long)
 CPU_CAVEAT = (
     "on the CPU, oneDNN's and other kernels' internal buffers are not predicted; "
     "the measured peak can be higher"
@@ -108,6 +110,9 @@ SHALLOW = (2, 3)
 # The reserved peak replays the deepened allocation log; past this depth it is replayed at
 # half and all of it and extended on the same line.
 MAX_REPLAY_DEPTH = 128
+# Where the shallow log's blocks do not repeat cleanly (an encoder-decoder), a model of at
+# most this many blocks is traced whole for its log; a deeper one's reserved is rounded.
+WHOLE_REPLAY_BLOCKS = 16
 EXTENDED_CAVEAT = (
     "reserved at {depth} blocks is extended in a straight line from the allocator model's "
     "replay at {a} and {b} blocks"
@@ -256,7 +261,7 @@ def _deepened(
         half = MAX_REPLAY_DEPTH // 2
         return (layers, deepen(log.events, half), half), deepen(log.events, MAX_REPLAY_DEPTH)
     except NotRegular:
-        if blocks > cost.MAX_WHOLE_BLOCKS:
+        if blocks > WHOLE_REPLAY_BLOCKS:
             return None
         _, whole = _trace(params, cuda, True)
         assert whole is not None
@@ -406,12 +411,51 @@ def _prime(built: Built) -> None:
     built.optimizer.zero_grad(set_to_none=True)
 
 
+class OverLimit(BaseException):
+    """The prediction used up its CPU time (a BaseException: no ``except Exception`` in
+    the tracer or in transformers swallows it)."""
+
+
+@contextlib.contextmanager
+def cpu_limit(seconds: float | None) -> Iterator[None]:
+    """Raise OverLimit in this thread once the process has used ``seconds`` of CPU time
+    from here: a limit that a busy machine does not shorten (the wall clock would)."""
+    if not seconds or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def over(signum: int, frame: Any) -> None:
+        raise OverLimit()
+
+    previous = signal.signal(signal.SIGPROF, over)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
+
+
 def answer(request: Mapping[str, Any]) -> dict[str, Any]:
+    """One request answered: a prediction, or ``{"error": {"field", "message"}}`` (refused;
+    with ``"unpredictable": true`` where the spec may still run, measured only).
+    ``limit_s``: the CPU seconds the trace may take (its model's classes are imported
+    first, outside the limit: a one-time cost of this process, not of the spec)."""
     ident = request.get("id")
+    limit = request.get("limit_s")
     try:
         params = request["params"]
         device = str(request.get("device") or "cuda")
-        return {"id": ident, **predict(params, device, request.get("allocator"))}
+        _import_classes(params)
+        with cpu_limit(float(limit) if limit else None):
+            return {"id": ident, **predict(params, device, request.get("allocator"))}
+    except OverLimit:
+        message = (
+            f"predicting this spec {PASSED_LIMIT} of {limit:g} s of CPU time "
+            f"(VRAMLAB_MODEL_PREDICT_TIMEOUT_S): it is refused; a smaller model or config "
+            f"predicts in time"
+        )
+        return {"id": ident, "error": {"field": "params", "message": message}}
     except CatalogError as exc:
         return {"id": ident, "error": {"field": exc.field, "message": exc.message}}
     except Exception as exc:  # a model the tracer cannot follow: the spec is still fine
@@ -424,6 +468,17 @@ def answer(request: Mapping[str, Any]) -> dict[str, Any]:
                 "unpredictable": True,
             },
         }
+
+
+def _import_classes(params: Mapping[str, Any]) -> None:
+    """Import the modules of the spec's model (transformers imports them lazily)."""
+    import transformers
+
+    from workers.models.build import _AUTO, config_of
+
+    with contextlib.suppress(Exception):  # what is wrong is said by the trace itself
+        resolved, config = config_of(params)
+        getattr(transformers, _AUTO[resolved.kind])._model_mapping[type(config)]
 
 
 WARM_UP = {"model": "gpt2", "batch_size": 1, "seq_len": 8, "config": {"n_layer": 1}}
