@@ -11,8 +11,6 @@ serves several API processes), in the worker-cpu image, which has torch's CPU bu
 With ``VRAMLAB_PREDICTOR_TOKEN`` set, a request must carry it as a bearer token.
 """
 
-from __future__ import annotations
-
 import argparse
 import hmac
 from collections.abc import AsyncIterator
@@ -25,9 +23,10 @@ if TYPE_CHECKING:
     from app.core.config import Settings
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(settings: "Settings") -> "FastAPI":
     # The web stack is imported here, not above: `vramlab --help` and `vramlab worker`
-    # parse their arguments without it.
+    # parse their arguments without it. (No `from __future__ import annotations` in this
+    # module: FastAPI reads the handlers' annotations, which name these local imports.)
     from fastapi import FastAPI, Header, Request
     from fastapi.responses import JSONResponse
 
