@@ -211,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker_cli.add_parser(sub)
 
-    from workers import predictor_service  # the predictor service needs torch, not the API
+    from app.experiments import predictor_service  # its children need torch; it does not
 
     predictor_service.add_parser(sub)
 

@@ -8,7 +8,7 @@ time; the pool in app/experiments/predictor.py runs one lane per thread.
   stdin and stdout), at a lower CPU priority than the API (``nice``), started ahead and
   kept warm; a child that passes the limit of one prediction is killed and started again
   (its start, importing torch, is not counted in the limit).
-- ``Remote``: a predictor service (``vramlab predictor``, workers/predictor_service.py),
+- ``Remote``: a predictor service (``vramlab predictor``, app/experiments/predictor_service.py),
   for deployments whose API image has no torch: one HTTP request per prediction. The
   service applies the limit and answers a spec past it as refused; a service that does
   not answer at all is unavailable (503), never the spec's fault.

@@ -15,10 +15,10 @@ is what the capped allocator reserves, above the cap only where the step cannot 
 
 Run as ``python -m workers.models.predict [--nice N]``: a server of JSON lines on
 stdin/stdout, a ``{"ready": true}`` line once torch is imported, then one request
-``{"id", "params", "device", "allocator"}`` and one answer per line, for the API's warm
-predictor children (app/experiments/predictor_backends.py) and the predictor service
-(workers/predictor_service.py). The API never imports torch. What a spec costs to trace
-is judged before it is built (workers/models/cost.py).
+``{"id", "params", "device", "allocator", "limit_s"}`` and one answer per line, for the
+API's warm predictor children (app/experiments/predictor_backends.py) and the predictor
+service's (app/experiments/predictor_service.py). The API never imports torch. What a
+spec costs to trace is judged before it is built (workers/models/cost.py).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The model predictor as a service, for deployments whose API image has no torch.
 
-``vramlab predictor`` (or ``python -m workers.predictor_service``) serves
+``vramlab predictor`` (or ``python -m app.experiments.predictor_service``) serves
 ``POST /v1/predict``: one request of the predictor's protocol (``{"id", "params",
 "device", "allocator", "submitter"}``) answered as ``python -m workers.models.predict``
 answers it (a prediction, or ``{"error": ...}``). Behind it is the same pool the API
@@ -122,6 +122,6 @@ def run(args: argparse.Namespace) -> int:
 if __name__ == "__main__":
     import sys
 
-    parser = argparse.ArgumentParser(prog="python -m workers.predictor_service")
+    parser = argparse.ArgumentParser(prog="python -m app.experiments.predictor_service")
     add_parser(parser.add_subparsers(dest="command", required=True))
     sys.exit(run(parser.parse_args(["predictor", *sys.argv[1:]])))
