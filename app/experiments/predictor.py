@@ -21,7 +21,8 @@ Every spec is answered once: answers, refusals and time-outs are remembered by s
 time-out for ``TIMEOUT_MEMORY_S``), and a spec asked again while it is being predicted
 waits for that answer. Specs waiting for a lane are served in turns across submitters
 (a submitter is its token, or its address when auth is off), each with at most
-``per_submitter`` waiting: one submitter's flood delays its own specs, not others'.
+``per_submitter`` waiting and, while others have asked in the last minute, on all lanes
+but one at most: one submitter's flood delays its own specs, not others'.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ log = logging.getLogger(__name__)
 
 CACHE_SIZE = 512
 TIMEOUT_MEMORY_S = 600.0  # a time-out is remembered this long (a busy machine heals)
+SHARED_S = 60.0  # submitters heard from within this long share the lanes
 PASSED_LIMIT = "passed the limit"  # in a refusal for time (the predictor's and the service's)
 INTERNAL = "vramlab"  # the submitter of the service's own predictions (fit searches)
 UNAVAILABLE = (
@@ -105,6 +107,8 @@ class Predictor:
         self._queues: dict[str, deque[_Job]] = {}
         self._turns: deque[str] = deque()  # submitters with specs waiting, next first
         self._inflight: dict[str, _Job] = {}
+        self._running: dict[str, int] = {}  # specs on a lane, by submitter
+        self._seen: dict[str, float] = {}  # when each submitter last asked (monotonic)
         self._cache: OrderedDict[str, tuple[ModelPrediction | CatalogError, float]] = OrderedDict()
         self._threads: list[threading.Thread] = []
         self._closed = False
@@ -162,6 +166,11 @@ class Predictor:
             if hit is not None:
                 future.set_result(hit)
                 return future
+            self._seen[submitter] = time.monotonic()
+            if len(self._seen) > 4 * CACHE_SIZE:  # forget those not heard from lately
+                self._seen = {
+                    k: t for k, t in self._seen.items() if time.monotonic() - t < SHARED_S
+                }
             job = self._inflight.get(key)
             if job is None:
                 waiting = self._queues.setdefault(submitter, deque())
@@ -243,23 +252,40 @@ class Predictor:
         self.backend.close()  # a child started while the pool closed goes with it
 
     def _take(self) -> _Job | None:
+        """The next submitter's next spec, in turns; while others have asked lately, a
+        submitter already running on all lanes but one waits (a lane stays free for
+        them)."""
         with self._cond:
-            while not self._turns and not self._closed:
+            while not self._closed:
+                now = time.monotonic()
+                recent = sum(1 for t in self._seen.values() if now - t < SHARED_S)
+                cap = max(1, self.backend.lanes - 1) if recent > 1 else self.backend.lanes
+                submitter = next(
+                    (who for who in self._turns if self._running.get(who, 0) < cap), None
+                )
+                if submitter is not None:
+                    break
                 self._cond.wait()
-            if self._closed:
+            else:
                 return None
-            submitter = self._turns.popleft()
+            self._turns.remove(submitter)
             waiting = self._queues[submitter]
             job = waiting.popleft()
             if waiting:
                 self._turns.append(submitter)  # its next spec waits for everyone else's turn
             else:
                 del self._queues[submitter]
+            self._running[submitter] = self._running.get(submitter, 0) + 1
             return job
 
     def _settle(self, job: _Job, outcome: ModelPrediction | CatalogError | Busy | None) -> None:
         with self._cond:
             self._inflight.pop(job.key, None)
+            who = job.request["submitter"]
+            self._running[who] -= 1
+            if not self._running[who]:
+                del self._running[who]
+            self._cond.notify_all()  # a submitter at its cap may go on
             if isinstance(outcome, ModelPrediction | CatalogError):
                 timed_out = isinstance(outcome, CatalogError) and PASSED_LIMIT in outcome.message
                 expires = time.monotonic() + TIMEOUT_MEMORY_S if timed_out else float("inf")
