@@ -78,7 +78,16 @@ def test_a_gpt2_a_million_blocks_deep_is_extended_not_traced(child: Child) -> No
     assert "error" not in deep, deep
     assert deep["peak_allocated"] > 10_000 * shallow["peak_allocated"]
     assert deep["peak_reserved"] >= deep["peak_allocated"]
-    assert any("extended in a straight line" in c for c in deep["caveats"])
+    assert any("rounded up" in c for c in deep["caveats"])
+
+
+def test_a_deep_stack_past_the_replay_has_its_reserved_extended(child: Child) -> None:
+    answer = child.ask(
+        {"model": "gpt2", "batch_size": 1, "seq_len": 32, "config": {"n_layer": 200}}
+    )
+    assert "error" not in answer, answer
+    assert any("extended in a straight line" in c for c in answer["caveats"])
+    assert answer["peak_reserved"] >= answer["peak_allocated"]
 
 
 def test_stacks_of_different_depths_are_extended(child: Child) -> None:

@@ -38,7 +38,7 @@ DEPTH_KEYS = (
 # Attributes that count experts (each a block of its own in every layer that has them).
 EXPERT_KEYS = ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts")
 DEEP_ENOUGH = 6  # a stack this deep or deeper is traced shallow and extended
-MAX_WHOLE_BLOCKS = 48  # blocks (times experts) a whole trace may build
+MAX_WHOLE_BLOCKS = 24  # blocks (times experts) a whole trace may build
 MAX_STACKS = 3  # distinct depths a shallow trace extends at once
 # No int in a config may pass this (2**40: a width or a vocabulary past any card).
 MAX_SIZE = 2**40

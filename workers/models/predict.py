@@ -110,6 +110,8 @@ SHALLOW = (2, 3)
 # The reserved peak replays the deepened allocation log; past this depth it is replayed at
 # half and all of it and extended on the same line.
 MAX_REPLAY_DEPTH = 128
+# Deeper than this (no model on any card is), reserved is the allocated peak rounded up.
+MAX_EXTENDED_DEPTH = 1024
 # Where the shallow log's blocks do not repeat cleanly (an encoder-decoder), a model of at
 # most this many blocks is traced whole for its log; a deeper one's reserved is rounded.
 WHOLE_REPLAY_BLOCKS = 16
@@ -258,6 +260,8 @@ def _deepened(
     try:
         if layers <= MAX_REPLAY_DEPTH:
             return deepen(log.events, layers)
+        if layers > MAX_EXTENDED_DEPTH:  # far past any card: its reserved is rounded up
+            return None
         half = MAX_REPLAY_DEPTH // 2
         return (layers, deepen(log.events, half), half), deepen(log.events, MAX_REPLAY_DEPTH)
     except NotRegular:
