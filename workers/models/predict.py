@@ -229,7 +229,9 @@ Events = list[tuple[int, int]]
 Logged = Events | tuple[tuple[int, Events, int], Events] | None
 
 
-def _phases(params: ModelParams, cuda: bool, logged: bool = False) -> tuple[Phases, Logged]:
+def _phases(
+    params: ModelParams | Mapping[str, Any], cuda: bool, logged: bool = False
+) -> tuple[Phases, Logged]:
     """Each phase's peak by category: traced whole, or for a deep model, traced at shallow
     depths and extended (workers/models/cost.py decides which, or refuses). ``logged``: also
     the allocation log of the build and steps 1 and 2 at the model's full depth (from the
@@ -237,6 +239,7 @@ def _phases(params: ModelParams, cuda: bool, logged: bool = False) -> tuple[Phas
     model is shallow enough)."""
     from workers.models.build import config_of
 
+    params = ModelParams.of(params)
     _, config = config_of(params)
     how = cost.plan(config, params.config_overrides)
     if not how.shallow:
