@@ -192,7 +192,10 @@ def accept(
         )
         caveats = [*prediction.get("caveats", []), *extra.pop("caveats")]
         prediction = {**prediction, **extra, "caveats": caveats}
-    cuda_indexes = [parse_device(d)[1] for d in plan.devices if d.startswith("cuda")]
+    # The spec's own device counts with the plan's: a model's plan names no tensors, and
+    # its step runs on the device the spec names (a CPU worker must never take it).
+    named = {*plan.devices, device}
+    cuda_indexes = [parse_device(d)[1] for d in named if d.startswith("cuda")]
     # Tags as stored: each once, in the order given.
     tags = list(dict.fromkeys(spec.tags))
     accepted = spec.model_copy(update={"params": plan.params, "device": device, "tags": tags})
