@@ -26,7 +26,7 @@ from app.experiments import service as experiments
 from app.experiments import views
 from app.experiments.schemas import ExperimentOut
 from app.experiments.spec_schemas import ExperimentSpec
-from app.experiments.specs import accept
+from app.experiments.specs import accept, predict_device
 
 
 def submit(
@@ -45,15 +45,15 @@ def submit(
         return _submit_keyed(db, caller, spec, settings, signal, now, idempotency_key)
     if db.is_sqlite:
         with db.transaction(write=False) as read:
-            who, spec = _caller_and_device(read, caller, spec, settings, now)
-        accepted = accept(spec, settings)
+            who, resolved = _caller_and_device(read, caller, spec, settings, now)
+        accepted = accept(resolved, settings, predict_for=predict_device(spec, resolved))
         with db.transaction() as conn:
             queue = experiments.queue_info(conn, accepted, settings, now)
             row = experiments.insert_queued(conn, accepted, settings, now, submitted_by=who.id)
     else:  # one connection, one transaction
         with db.transaction() as conn:
-            who, spec = _caller_and_device(conn, caller, spec, settings, now)
-            accepted = accept(spec, settings)
+            who, resolved = _caller_and_device(conn, caller, spec, settings, now)
+            accepted = accept(resolved, settings, predict_for=predict_device(spec, resolved))
             queue = experiments.queue_info(conn, accepted, settings, now)
             # The insert last: it locks the submitter's queued count until the commit.
             row = experiments.insert_queued(conn, accepted, settings, now, submitted_by=who.id)
@@ -84,8 +84,8 @@ def _submit_keyed(
 ) -> tuple[ExperimentOut, bool]:
     with db.session() as s:
         with db.reads_before_writing(s) as read:
-            who, spec = _caller_and_device(read, caller, spec, settings, now)
-        accepted = accept(spec, settings)
+            who, resolved = _caller_and_device(read, caller, spec, settings, now)
+        accepted = accept(resolved, settings, predict_for=predict_device(spec, resolved))
         return experiments.submit_once(
             s,
             accepted,

@@ -112,8 +112,17 @@ def notes(result: dict[str, Any], spec: dict[str, Any]) -> list[str]:
         return []
     params = spec.get("params") or {}
     said: list[str] = []
-    predicted = (spec.get("prediction") or {}).get("peak_allocated")
-    if predicted:
+    prediction = spec.get("prediction") or {}
+    predicted = prediction.get("peak_allocated")
+    ran_on = "cpu" if str(spec.get("device")) == "cpu" else "cuda"
+    predicted_for = str(prediction.get("predicted_for") or ran_on)
+    if predicted and not predicted_for.startswith(ran_on):
+        said.append(
+            f"Predicted before it ran, for {predicted_for}: step {model['reported_step']} "
+            f"peaks at {human_bytes(predicted)}; it ran on the {ran_on}, where it measured "
+            f"{human_bytes(model['peak_allocated'])} (not comparable: no device was named)."
+        )
+    elif predicted:
         error = 100 * (predicted - model["peak_allocated"]) / max(1, model["peak_allocated"])
         said.append(
             f"Predicted before it ran: step {model['reported_step']} peaks at "
