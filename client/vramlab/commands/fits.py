@@ -2,38 +2,22 @@
 memory capacity, over HTTP (``/v1/fits``), like the other client commands."""
 
 import argparse
-import re
 import sys
 from typing import Any
 
-from vramlab.commands.common import client_of, reported, value
+from vramlab import units
+from vramlab.commands.common import client_of, param_value, reported
 from vramlab.errors import ClientError
 from vramlab.names import FIT_VARIES, FitStatus
 from vramlab.render import print_json, progress_bar, size, status_line, table
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-
 
 def parse_bytes(text: str) -> int:
-    """``24GiB``, ``80GB``, ``1.5 GiB`` or a number of bytes."""
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _UNITS:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a size: write e.g. 24GiB, 80GB or a number of bytes"
-        )
-    return int(float(match.group(1)) * _UNITS[unit])
+    """``24GiB``, ``80GB``, ``1.5 GiB`` or a number of bytes (a flag's type)."""
+    try:
+        return units.parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _overrides(text: str) -> dict[str, Any]:
@@ -43,7 +27,7 @@ def _overrides(text: str) -> dict[str, Any]:
         key, eq, given = item.partition("=")
         if not eq or not key.strip():
             raise ClientError(f"--variant {text!r}: write KEY=VALUE[,KEY=VALUE...]")
-        out[key.strip()] = value(given.strip())
+        out[key.strip()] = param_value(key.strip(), given.strip())
     return out
 
 
