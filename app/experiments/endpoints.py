@@ -21,6 +21,7 @@ from app.experiments import submissions
 from app.experiments import views as experiment_views
 from app.experiments.schemas import ExperimentOut, ExperimentPage
 from app.experiments.spec_schemas import ExperimentSpec
+from app.queue import local_worker
 from vramlab.contract import Status
 
 router = APIRouter(
@@ -46,6 +47,8 @@ async def submit(
         ),
     ] = None,
 ) -> ExperimentOut:
+    local = local_worker.of(trip.request)
+    await local.ready()  # `vramlab up`'s worker, while it starts: it chooses the device
     # The caller's look-up, planning, the insert and the commit in one trip to the thread
     # pool (app/experiments/submissions.py).
     out, replayed = await run_in_threadpool(
@@ -60,6 +63,8 @@ async def submit(
     )
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
+    if local.starting and out.queue is not None and not out.queue.live_workers:
+        out.queue.reason = local_worker.STARTING
     return out
 
 

@@ -33,8 +33,8 @@ from app.core.errors import ERROR_RESPONSES
 from app.core.signals import WorkSignal, wait_for
 from app.experiments import views as experiment_views
 from app.models import Experiment
+from app.queue import local_worker, workers
 from app.queue import service as queue
-from app.queue import workers
 from app.queue.reaper import Nudge
 from app.queue.schemas import (
     ClaimedBatch,
@@ -75,9 +75,15 @@ def spec_for_worker(exp: Experiment, settings: Settings) -> dict[str, object]:
 
 @router.post("/register", response_model=RegisterResponse, dependencies=WORKER)
 def register(
-    req: RegisterRequest, s: SessionDep, settings: SettingsDep, now: NowDep, who: PrincipalDep
+    request: Request,
+    req: RegisterRequest,
+    s: SessionDep,
+    settings: SettingsDep,
+    now: NowDep,
+    who: PrincipalDep,
 ) -> RegisterResponse:
     worker = workers.register(s, req, now, registered_by=who.id)
+    local_worker.of(request).registered(who)
     return RegisterResponse(
         worker_id=worker.id,
         lease_seconds=settings.lease_seconds,
