@@ -60,13 +60,26 @@ def _bar(fit: dict[str, Any]) -> str:
     )
 
 
+def _max(v: dict[str, Any]) -> Any:
+    """A variant's answer: its largest fitting value, "none" where even the smallest ran
+    out of memory, blank while unknown."""
+    if v["max_fitting"] is None and v["state"] == "done":
+        return "none"
+    return v["max_fitting"]
+
+
 def show(fit: dict[str, Any]) -> None:
     vary = fit["vary"]
-    print(
-        f"fit {fit['id']}: {fit['status']}, the largest {vary} of "
-        f"{fit['spec'].get('params', {}).get('model')} that fits "
-        f"{size(fit['capacity_bytes'])} ({fit['capacity_source']})"
-    )
+    model = fit["spec"].get("params", {}).get("model")
+    where = f"{size(fit['capacity_bytes'])} ({fit['capacity_source']})"
+    variants = fit["variants"]
+    if variants and all(_max(v) == "none" for v in variants):
+        # No answer to "the largest": say so, and what even the smallest needs.
+        print(f"fit {fit['id']}: {fit['status']}: no {vary} of {model} fits {where}")
+        for v in variants:
+            print(f"  {v['note'] or 'none fits'}")
+    else:
+        print(f"fit {fit['id']}: {fit['status']}, the largest {vary} of {model} that fits {where}")
     if fit.get("error"):
         print(f"  {fit['error']}")
     rows = []
@@ -77,7 +90,7 @@ def show(fit: dict[str, Any]) -> None:
                 v["index"],
                 ", ".join(f"{k}={val}" for k, val in v["overrides"].items()) or "as given",
                 v["state"],
-                v["max_fitting"],
+                _max(v),
                 v["first_failing"],
                 v["predicted_max_fitting"],
                 "" if error is None else f"{error:+.2f}%",
