@@ -37,7 +37,9 @@ def figures(exp: Experiment) -> dict[str, float | int | None]:
     memory = measured.memory.model_dump() if measured is not None else {}
     timing = measured.timing if isinstance(measured, Result) else None
     out: dict[str, float | int | None] = {k: memory.get(k) for k in MEMORY_KEYS}
-    out["predicted_delta"] = predicted.delta_allocated if predicted is not None else None
+    # A model's prediction is its step's peak (``model``), not an op's delta.
+    op_predicted = predicted is not None and exp.op != "model"
+    out["predicted_delta"] = predicted.delta_allocated if op_predicted and predicted else None
     out["time_s"] = timing.median_s if timing is not None else None
     return out
 
