@@ -157,7 +157,7 @@ def _stop_if_worker_dies(
 def cmd_token(args: argparse.Namespace) -> int:
     from app.access import tokens as auth
     from app.core.db import Database
-    from app.models.base import utcnow
+    from app.tables.base import utcnow
 
     db = Database(get_settings().database_url)
     try:

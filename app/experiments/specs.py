@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.catalog import CatalogError, get_op, parse_device, plan_spec
-from app.catalog.dtypes import DTYPES
 from app.catalog.families.scenario import SCENARIO
 from app.catalog.scenario.plan import ScenarioPlan, plan_scenario
 from app.core.config import Settings
 from app.core.errors import InvalidSpec
 from app.experiments import predictor as predictor_service
 from app.experiments.spec_schemas import ExperimentSpec
+from vramlab.catalog.dtypes import DTYPES
 from vramlab.contract import Isolation
 from vramlab.units import human_bytes
 

@@ -40,7 +40,7 @@ def test_the_list_names_a_model_by_batch_and_length_with_its_predicted_peak(
     exp = _submit(client, device="cpu", params={**TINY["params"], "batch_size": 3})
     page = unescape(client.get("/ui/").text)
     row = page[page.index(exp["id"][:8]) :].split("</tr>", 1)[0]
-    assert "model tiny-gpt2" in row and "3 × 32" in row and "fp32" in row
+    assert "model tiny-gpt2" in row and "3 \u00d7 32" in row and "fp32" in row
     assert human_bytes(exp["prediction"]["peak_allocated"]) in row
     assert ">0 B<" not in row
 

@@ -31,9 +31,10 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from app.catalog import CatalogError
-from app.catalog.model_zoo import resolve
+from vramlab.catalog.errors import CatalogError
+from vramlab.catalog.model_zoo import resolve
 from vramlab.contract import Category
+from vramlab.runspec import ModelParams
 from workers.models.alloc_log import (
     TRACED_DEPTH,
     AllocationLog,
@@ -42,7 +43,7 @@ from workers.models.alloc_log import (
     deepen,
     mark_windows,
 )
-from workers.models.build import DEFAULT_NEW_TOKENS, DEFAULT_SEQ_LEN, Built, build
+from workers.models.build import Built, build
 from workers.models.caching_allocator import CachingAllocator, Settings, replay
 from workers.models.cuda_semantics import CudaSemantics
 from workers.models.steps import run_step, tally_step
@@ -131,17 +132,19 @@ class Traced:
 
 
 def predict(
-    params: Mapping[str, Any], device_type: str, allocator: Mapping[str, Any] | None = None
+    params: ModelParams | Mapping[str, Any],
+    device_type: str,
+    allocator: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The reported step's predicted peak allocated and reserved (under the spec's
     ``capacity_bytes``, if any), and its categories. ``allocator``: the spec's
     caching-allocator settings."""
+    params = ModelParams.of(params)
     started = time.perf_counter()
     traced = trace(params, device_type, allocator)
-    capacity = params.get("capacity_bytes")
     return {
         "peak_allocated": traced.peak_allocated,
-        "peak_reserved": traced.peak_reserved(capacity if isinstance(capacity, int) else None),
+        "peak_reserved": traced.peak_reserved(params.capacity_bytes),
         "categories": {str(k): int(v) for k, v in traced.categories.items()},
         "caveats": traced.caveats,
         "phase": traced.phase,
@@ -150,34 +153,36 @@ def predict(
 
 
 def trace(
-    params: Mapping[str, Any], device_type: str, allocator: Mapping[str, Any] | None = None
+    params: ModelParams | Mapping[str, Any],
+    device_type: str,
+    allocator: Mapping[str, Any] | None = None,
 ) -> Traced:
     """The spec's reported step traced on fake tensors (see ``Traced``)."""
+    params = ModelParams.of(params)
     cuda = device_type == "cuda"
-    if cuda and params.get("optimizer_impl", "default") == "default":
+    if cuda and params.optimizer_impl == "default":
         # PyTorch's default on CUDA is the foreach implementation (for-loop on the CPU).
-        params = {**params, "optimizer_impl": "foreach"}
-    new_tokens = int(params.get("new_tokens") or DEFAULT_NEW_TOKENS)
-    causal = resolve(str(params["model"]), params.get("head")).kind == "causal-lm"
+        params = params.replace(optimizer_impl="foreach")
+    new_tokens = params.new_tokens_or_default
+    causal = resolve(params.model, params.head).kind == "causal-lm"
     settings = _settings(allocator) if cuda else None
     events: list[tuple[int, int]] | None = None
-    if params.get("task") == "generate" and new_tokens > 2 and causal:
+    if params.task == "generate" and new_tokens > 2 and causal:
         # The prefill, and the last decoded token (its KV cache is the largest): a
         # prefill of all but the last two tokens then one decoded token holds what the
         # last step of the whole generation holds, without tracing every step before it.
-        seq_len = int(params.get("seq_len") or DEFAULT_SEQ_LEN)
-        first, _ = _phases({**params, "new_tokens": 1}, cuda)
-        last, _ = _phases({**params, "seq_len": seq_len + new_tokens - 2, "new_tokens": 2}, cuda)
+        seq_len = params.seq_len_or_default
+        first, _ = _phases(params.replace(new_tokens=1), cuda)
+        last, _ = _phases(params.replace(seq_len=seq_len + new_tokens - 2, new_tokens=2), cuda)
         phases = {"prefill": first["prefill"], "decode": last["decode"]}
     else:
-        logged = settings is not None and params.get("task") != "generate"
+        logged = settings is not None and params.task != "generate"
         phases, events = _phases(params, cuda, logged)
     phase = max(phases, key=lambda name: sum(phases[name].values()))
     categories = {str(k): v for k, v in phases[phase].items()}
     caveats = list(CAVEATS) if cuda else [CPU_CAVEAT]
     if cuda:
-        task = str(params.get("task", "train"))
-        workspace = CUBLAS_WORKSPACE * (2 if task == "train" else 1)
+        workspace = CUBLAS_WORKSPACE * (2 if params.task == "train" else 1)
         temporaries = str(Category.TEMPORARIES)
         categories[temporaries] = categories.get(temporaries, 0) + workspace
         if events is None:
@@ -189,12 +194,13 @@ Phases = dict[str, dict[str, int]]
 
 
 def _phases(
-    params: Mapping[str, Any], cuda: bool, logged: bool = False
+    params: ModelParams | Mapping[str, Any], cuda: bool, logged: bool = False
 ) -> tuple[Phases, list[tuple[int, int]] | None]:
     """Each phase's peak by category: traced whole, or for a deep stack of identical
     blocks, traced at two shallow depths and extended. ``logged``: also the allocation
     log of the build and steps 1 and 2 at the model's full depth (from the 3-block trace,
     deepened; traced whole where its blocks do not repeat cleanly)."""
+    params = ModelParams.of(params)
     depth = _depth(params)
     if depth is None:
         phases, log = _trace(params, cuda, logged)
@@ -203,8 +209,8 @@ def _phases(
     shallow = []
     events = None
     for n in SHALLOW:
-        config = {**(params.get("config") or {}), key: n}
-        phases, log = _trace({**params, "config": config}, cuda, logged and n == TRACED_DEPTH, n)
+        config = {**params.config_overrides, key: n}
+        phases, log = _trace(params.replace(config=config), cuda, logged and n == TRACED_DEPTH, n)
         shallow.append(phases)
         if log is not None:
             try:
@@ -217,11 +223,15 @@ def _phases(
 
 
 def _trace(
-    params: Mapping[str, Any], cuda: bool, logged: bool = False, blocks: int | None = None
+    params: ModelParams | Mapping[str, Any],
+    cuda: bool,
+    logged: bool = False,
+    blocks: int | None = None,
 ) -> tuple[Phases, AllocationLog | None]:
     """Each phase's peak, by category, from the step traced on fake tensors; with
     ``logged``, the allocation log of the build, step 1 and that step (its events tagged
     with the block of a stack of ``blocks`` they happen in)."""
+    params = ModelParams.of(params)
     semantics = CudaSemantics() if cuda else None
     log = AllocationLog(workspace=CUBLAS_WORKSPACE if cuda else 0) if logged else None
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -291,7 +301,7 @@ def reserved_peak(
     return replay(sequence, CachingAllocator(settings)).peak_reserved
 
 
-def _depth(params: Mapping[str, Any]) -> tuple[str, int] | None:
+def _depth(params: ModelParams) -> tuple[str, int] | None:
     """The key and count of a deep model's repeated blocks (None: trace it whole)."""
     from workers.models.build import config_of
 
@@ -333,7 +343,7 @@ def _prime(built: Built) -> None:
 def answer(request: Mapping[str, Any]) -> dict[str, Any]:
     ident = request.get("id")
     try:
-        params = request["params"]
+        params = ModelParams.from_wire(request["params"])
         device = str(request.get("device") or "cuda")
         return {"id": ident, **predict(params, device, request.get("allocator"))}
     except CatalogError as exc:
