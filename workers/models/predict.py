@@ -237,6 +237,7 @@ def _phases(
     the allocation log of the build and steps 1 and 2 at the model's full depth (from the
     3-block trace, deepened; traced whole where its blocks do not repeat cleanly and the
     model is shallow enough)."""
+    params = ModelParams.of(params)
     from workers.models.build import config_of
 
     params = ModelParams.of(params)
@@ -280,10 +281,13 @@ def _deepened(
         return [(e.key, e.nbytes) for e in whole.events]
 
 
-def _extend_stacks(params: ModelParams, cuda: bool, depths: Mapping[str, int]) -> Phases:
+def _extend_stacks(
+    params: ModelParams | Mapping[str, Any], cuda: bool, depths: Mapping[str, int]
+) -> Phases:
     """Stacks of different depths (an encoder and a decoder): traced with every stack at 2
     blocks, then each at 3 in turn, and each phase's categories extended along each stack's
     own line."""
+    params = ModelParams.of(params)
     low, high = SHALLOW
     overrides = params.config_overrides
     base, _ = _trace(params.replace(config={**overrides, **dict.fromkeys(depths, low)}), cuda)
