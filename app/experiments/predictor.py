@@ -77,8 +77,10 @@ class ModelPrediction:
 
 
 def installed() -> bool:
-    """Whether torch and transformers are importable here (without importing them)."""
-    return all(importlib.util.find_spec(name) is not None for name in ("torch", "transformers"))
+    """Whether the predictor's child can start here: the worker's package, torch and
+    transformers importable (checked without importing them)."""
+    needed = ("workers", "torch", "transformers")
+    return all(importlib.util.find_spec(name) is not None for name in needed)
 
 
 @dataclass
