@@ -46,7 +46,7 @@ from app.plans.schemas import (
 from vramlab.contract import ErrorType, Status
 from vramlab.units import human_bytes
 
-PLAN_SECONDS = 60.0  # a plan's predictions, all told; asked again, it goes on from the cache
+PLAN_SECONDS = 45.0  # a plan's predictions, all told; asked again, it goes on from the cache
 PARALLEL = 2  # predictions asked at once (the predictor serves them as it can)
 DEFAULT_VALUE = {"batch_size": 1, "seq_len": 128}  # the model's own defaults
 DEVICE = "cuda"

@@ -242,6 +242,43 @@ class Client:
         fit: dict[str, Any] = self._post("/v1/fits", body)
         return self.wait_fit(fit, poll_s, on_progress) if wait else fit
 
+    # -- plans and the GPU catalog ------------------------------------------------
+
+    def plan(
+        self,
+        model: str,
+        *,
+        gpus: Iterable[str] = (),
+        capacity_bytes: int | None = None,
+        vary: str = "batch_size",
+        task: str = "train",
+        params: Mapping[str, Any] | None = None,
+        variants: Iterable[Mapping[str, Any]] = (),
+        suggest: bool = True,
+        verify: bool = False,
+    ) -> dict[str, Any]:
+        """Will a model's step fit these GPUs (names from ``gpus()``, loosely matched) or
+        ``capacity_bytes``: predicted, nothing run. ``variants``: more answers, each with
+        these params overridden (the spec as given is always the first)."""
+        body: dict[str, Any] = {
+            "spec": {"op": "model", "params": {"model": model, "task": task, **(params or {})}},
+            "gpus": list(gpus),
+            "vary": vary,
+            "variants": [{}, *(dict(v) for v in variants)],
+            "suggest": suggest,
+            "verify": verify,
+        }
+        if capacity_bytes is not None:
+            body["capacity_bytes"] = capacity_bytes
+        out: dict[str, Any] = self._post("/v1/plans", body)
+        return out
+
+    def gpus(self) -> dict[str, Any]:
+        """The GPU catalog (``items``): each card's total and usable memory, compute
+        capability, bf16, cuBLAS's workspace."""
+        out: dict[str, Any] = self._get("/v1/gpus")
+        return out
+
     def wait_fit(
         self, fit: dict[str, Any], poll_s: float = 1.0, on_progress: Progress | None = None
     ) -> dict[str, Any]:

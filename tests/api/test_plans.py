@@ -140,3 +140,37 @@ def test_a_plan_that_cannot_be_answered_is_a_422_naming_its_field(
     assert r.status_code == 422, r.text
     fields = [d["field"] for d in r.json()["error"]["details"]]
     assert field in fields, r.text
+
+
+def test_the_plan_and_gpus_commands_print_readable_tables(
+    server: LiveServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from vramlab.cli import main
+
+    args = ["--api", server.url]
+    assert main(["gpus", *args]) == 0
+    out = capsys.readouterr().out
+    assert "RTX 4090 24GB" in out and "placeholder" in out and "8.9" in out
+    code = main(
+        ["plan", "tiny-gpt2", "--batch", "4", "--seq", "32", "--gpu", "4090",
+         "--capacity", "16MiB", "--variant", "micro_batches=2", *args]
+    )  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "predicted for cuda, nothing ran" in out
+    assert "RTX 4090 24GB" in out and "yes," in out and "NO," in out and "short" in out
+    assert "micro_batches=2" in out and "max batch_size" in out
+    assert "what would make it fit" in out
+    assert main(["plan", "tiny-gpt2", "--gpu", "no such card", *args]) == 1
+    assert "gpus[0]" in capsys.readouterr().err
+
+
+def test_a_fit_for_a_gpu_no_worker_has_points_to_the_plan_that_answers_now(
+    client: httpx.Client,
+) -> None:
+    spec = {"op": "model", "params": {"model": "gpt2", "batch_size": 16, "seq_len": 1024}}
+    body = {"spec": spec, "requirements": {"gpu_name": "RTX 4090"}}
+    r = client.post("/v1/fits", json=body)
+    assert r.status_code == 422, r.text
+    message = r.json()["error"]["details"][0]["message"]
+    assert 'vramlab plan gpt2 --batch 16 --seq 1024 --gpu "RTX 4090"' in message
