@@ -174,3 +174,30 @@ def test_a_fit_for_a_gpu_no_worker_has_points_to_the_plan_that_answers_now(
     assert r.status_code == 422, r.text
     message = r.json()["error"]["details"][0]["message"]
     assert 'vramlab plan gpt2 --batch 16 --seq 1024 --gpu "RTX 4090"' in message
+
+
+def test_the_plan_page_draws_each_answer_against_the_cards_usable_memory(
+    client: httpx.Client,
+) -> None:
+    form = {
+        "model": "tiny-gpt2",
+        "batch": "4",
+        "seq": "32",
+        "gpus": "4090",
+        "capacity": "16MiB",
+        "variants": "micro_batches=2",
+    }
+    page = client.get("/ui/plan", params=form)
+    assert page.status_code == 200, page.text
+    html = page.text
+    assert "predicted for cuda" in html and "nothing ran" in html
+    assert html.count("<svg") == 4  # 2 cards x 2 variants
+    assert "RTX 4090 24GB" in html and "16.0 MiB (capacity_bytes)" in html
+    assert "does not fit" in html and "short" in html and "spare" in html
+    assert "What would make it fit" in html
+    assert 'id="plan-error"' not in html
+    wrong = client.get("/ui/plan", params={**form, "gpus": "no such card"})
+    assert wrong.status_code == 200
+    assert 'id="plan-error"' in wrong.text and "gpus[0]" in wrong.text
+    empty = client.get("/ui/plan")
+    assert empty.status_code == 200 and 'id="plan-form"' in empty.text
