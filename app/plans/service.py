@@ -358,7 +358,14 @@ def plan(
         short = [a.gpu.name for a in answers if a.variant.index == 0 and a.fits is False]
         if short:
             suggestions = suggest.ranked(
-                tracer, vs[0].params, body.vary, vs[0].value, answers[0].prediction, cards, short
+                tracer.many,
+                allowed,
+                vs[0].params,
+                body.vary,
+                vs[0].value,
+                answers[0].prediction,
+                cards,
+                short,
             )
     return PlanOut(
         model=model,

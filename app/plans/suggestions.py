@@ -3,13 +3,24 @@ ranked by the bytes it saves, with what it costs in time where that is known."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Protocol
 
+from app.experiments.predictor import ModelPrediction
 from app.plans.schemas import PlanPrediction, Suggestion
 
-if TYPE_CHECKING:
-    from app.plans.service import Target, Tracer
+
+class Card(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def usable_bytes(self) -> int: ...
+    @property
+    def bf16(self) -> bool | None: ...
+
+
+PredictMany = Callable[[list[dict[str, Any]]], list[ModelPrediction]]
+Allowed = Callable[[Mapping[str, Any], str, int], bool]
 
 CHECKPOINTING_COST = (
     "about a third more compute a step: each block's forward runs again in the backward"
@@ -65,17 +76,17 @@ def candidates(
 
 
 def ranked(
-    tracer: Tracer,
+    predict_many: PredictMany,
+    allowed: Allowed,
     params: dict[str, Any],
     vary: str,
     value: int,
     base: PlanPrediction | None,
-    cards: Sequence[Target],
+    cards: Sequence[Card],
     short: list[str],
 ) -> list[Suggestion]:
-    """Each candidate traced at ``value``; the ones that save bytes, most saved first."""
-    from app.plans.service import allowed
-
+    """Each candidate traced at ``value`` (``allowed``: whether the catalog takes a
+    change); the ones that save bytes, most saved first."""
     if base is None:
         return []
     found = [
@@ -83,7 +94,7 @@ def ranked(
         for label, change, cost in candidates(params, vary, value)
         if all(allowed({**params, **change}, k, v) for k, v in change.items())
     ]
-    answers = tracer.many([{**params, **change} for _, change, _ in found])
+    answers = predict_many([{**params, **change} for _, change, _ in found])
     out = []
     for (label, change, cost), answer in zip(found, answers, strict=True):
         if answer.peak_reserved is None or answer.peak_reserved >= base.peak_reserved:
