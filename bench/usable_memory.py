@@ -171,15 +171,17 @@ def _write_card(name: str, figures: dict[str, Any]) -> str:
         names = ", ".join(c["name"] for c in data["cards"])
         raise SystemExit(f"no card {name!r} in {path}; there are: {names}")
     card["total_bytes"] = figures["total"]
-    card["usable_bytes"] = figures["usable_for_training"]
+    card["usable_bytes"] = figures["usable_for_training_filled"]  # bench/fit_edge's card
     card["usable_source"] = "measured"
     card["source"] = (
         f"measured with python -m bench.usable_memory on {figures['gpu']}, torch "
-        f"{figures['torch']}: total, and usable_for_training (what the caching allocator "
-        "reserved in all once the CUDA context and both cuBLAS handles were up)"
+        f"{figures['torch']}: total, and usable_for_training_filled (what the caching "
+        "allocator reserved in all, segment after segment, once the CUDA context and both "
+        "cuBLAS handles were up)"
     )
     path.write_text(json.dumps(data, indent=1) + "\n")
-    return f"{path}: {name} total {figures['total']}, usable {figures['usable_for_training']}"
+    usable = figures["usable_for_training_filled"]
+    return f"{path}: {name} total {figures['total']}, usable {usable}"
 
 
 if __name__ == "__main__":
