@@ -78,24 +78,24 @@ def test_a_verified_edge_is_where_the_predictor_says_the_step_stops_fitting(
     server: LiveServer,
 ) -> None:
     # Each value around the edge is traced: slow on a busy machine.
-    client = httpx.Client(base_url=server.url, timeout=120)
-    capacity = 90 * MiB  # tiny-gpt2 at 32 tokens: 74 MiB reserved at batch 8, 96 at 16
-    quick = _plan(client, capacity_bytes=capacity, suggest=False)["answers"][0]
-    assert quick["edge"] == "estimated" and quick["predicted_max_fitting"] >= 0
-    assert "line" in quick["note"]
-    answer = _plan(client, capacity_bytes=capacity, suggest=False, verify=True)["answers"][0]
-    edge = answer["predicted_max_fitting"]
-    assert answer["edge"] == "traced" and edge > 4
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        capacity = 90 * MiB  # tiny-gpt2 at 32 tokens: 74 MiB reserved at batch 8, 96 at 16
+        quick = _plan(client, capacity_bytes=capacity, suggest=False)["answers"][0]
+        assert quick["edge"] == "estimated" and quick["predicted_max_fitting"] >= 0
+        assert "line" in quick["note"]
+        answer = _plan(client, capacity_bytes=capacity, suggest=False, verify=True)["answers"][0]
+        edge = answer["predicted_max_fitting"]
+        assert answer["edge"] == "traced" and edge > 4
 
-    def fits(batch: int) -> bool:
-        spec = {**TINY, "params": {**TINY["params"], "batch_size": batch}}
-        body = {"spec": spec, "capacity_bytes": capacity, "suggest": False, "verify": True}
-        r = client.post("/v1/plans", json=body)
-        assert r.status_code == 200, r.text
-        value: bool = r.json()["answers"][0]["fits"]
-        return value
+        def fits(batch: int) -> bool:
+            spec = {**TINY, "params": {**TINY["params"], "batch_size": batch}}
+            body = {"spec": spec, "capacity_bytes": capacity, "suggest": False, "verify": True}
+            r = client.post("/v1/plans", json=body)
+            assert r.status_code == 200, r.text
+            value: bool = r.json()["answers"][0]["fits"]
+            return value
 
-    assert fits(edge) and not fits(edge + 1)
+        assert fits(edge) and not fits(edge + 1)
 
 
 def test_variants_and_suggestions_ranked_by_bytes_saved(client: httpx.Client) -> None:
