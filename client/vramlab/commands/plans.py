@@ -2,6 +2,7 @@
 predicted by the service (``/v1/plans``, nothing runs), and the GPU catalog it knows."""
 
 import argparse
+import sys
 from typing import Any
 
 from vramlab.commands.common import client_of, reported
@@ -65,7 +66,7 @@ def show(plan: dict[str, Any]) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     if not args.gpu and args.capacity is None:
-        print("vramlab: name a --gpu (see `vramlab gpus`) or a --capacity", flush=True)
+        print("vramlab: name a --gpu (see `vramlab gpus`) or a --capacity", file=sys.stderr)
         return 2
     with client_of(args) as client:
         plan = client.plan(
