@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--port", type=int, default=8391)
     parser.add_argument("--suggest", action="store_true", help="ask for suggestions too")
+    parser.add_argument("--quick", action="store_true", help="edges off a curve (verify: false)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         proc = _serve(args.port, Path(tmp) / "plan.db")
@@ -76,6 +77,7 @@ def main() -> None:
                         "gpus": gpus,
                         "variants": variants,
                         "suggest": args.suggest,
+                        "verify": not args.quick,
                     }
 
                 _ask(client, body(3, ["H100"], [{}]))  # warm: the predictor child starts
@@ -97,6 +99,7 @@ def main() -> None:
             proc.terminate()
             proc.wait()
     print(f"{args.model}, seq {args.seq}, suggestions {'on' if args.suggest else 'off'}, "
+          f"edges {'estimated (quick)' if args.quick else 'traced (verify)'}, "
           f"median of {args.rounds}, {os.cpu_count()} CPUs")  # fmt: skip
     print("| plan | new question (s) | steps traced | repeated (s) | goal (s) |")
     print("| --- | --- | --- | --- | --- |")

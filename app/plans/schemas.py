@@ -58,9 +58,10 @@ class PlanIn(RequestBody):
         description="where the first variant does not fit a GPU, what would make it fit",
     )
     verify: bool = Field(
-        default=False,
-        description="trace each edge under the card's capacity (as a fit's prediction does) "
-        "instead of reading it off a curve through two or three traced values: slower",
+        default=True,
+        description="walk each edge with traces under the card's capacity, from a curve's "
+        "estimate, as a fit's prediction does (false: the curve's estimate alone: faster, "
+        "and far off for some steps)",
     )
 
 

@@ -7,7 +7,7 @@ its own bounds are its size (``schemas.MAX_ANSWERS``) and its time (``PLAN_SECON
 Each variant's step is traced at the asked value and at one or two more (under no
 capacity: the figures every GPU shares), and a curve through them (a straight line in
 the batch size, a parabola in the sequence length: a step's tensors grow so) gives each
-GPU's edge without tracing each GPU apart. ``verify`` instead walks each edge with traces
+GPU's edge estimate; ``verify`` (the default) then walks each edge from there with traces
 under the card's capacity, the walk a fit's trials take (``fit_search.decide``).
 """
 
@@ -46,7 +46,8 @@ from app.plans.schemas import (
 from vramlab.contract import ErrorType, Status
 from vramlab.units import human_bytes
 
-PLAN_SECONDS = 45.0  # a plan's predictions, all told; asked again, it goes on from the cache
+PLAN_SECONDS = 90.0  # a plan's predictions, all told; asked again, it goes on from the cache
+SECANT_STEPS = 4  # before the walk: a near-straight curve needs two or three
 PARALLEL = 2  # predictions asked at once (the predictor serves them as it can)
 DEFAULT_VALUE = {"batch_size": 1, "seq_len": 128}  # the model's own defaults
 DEVICE = "cuda"
@@ -264,20 +265,64 @@ def estimated_edge(fn: Callable[[int], float], usable: int, step: int, top: int)
     return lo * step
 
 
-def traced_edge(tracer: Tracer, v: Variant, vary: str, usable: int, start: int) -> int | None:
-    """The edge walked as a fit's trials walk it, each value traced under the capacity
-    (None: a value could not be predicted)."""
-    outcomes: list[Outcome] = []
+def traced_edge(
+    tracer: Tracer,
+    v: Variant,
+    vary: str,
+    usable: int,
+    start: int,
+    seeds: list[tuple[int, int]],
+) -> int | None:
+    """The edge found with traces under the capacity (None: a value could not be
+    predicted). From ``start`` a few secant steps (each through the newest trace and the
+    nearest other one: ``seeds`` are the uncapped traces, the same under a capacity they
+    fit), then the walk a fit's trials take (``fit_search.decide``) over every trace."""
+    seen: dict[int, int] = {}
+
+    def reserved(x: int) -> int | None:
+        if x not in seen:
+            answer = tracer.one({**v.params, vary: x, "capacity_bytes": usable})
+            if answer.peak_reserved is None:
+                return None
+            seen[x] = answer.peak_reserved
+        return seen[x]
+
+    known = [(x, y) for x, y in seeds if y <= usable]
+    guess = max(v.step, min(start, v.top))
+    for _ in range(SECANT_STEPS):
+        y = reserved(guess)
+        if y is None:
+            return None
+        up, down = seen.get(guess + v.step), seen.get(guess - v.step)
+        if y <= usable and (guess >= v.top or (up is not None and up > usable)):
+            return guess
+        if y > usable and (guess == v.step or (down is not None and down <= usable)):
+            return guess - v.step
+        others = [(x, yy) for x, yy in [*known, *seen.items()] if x != guess and yy != y]
+        if not others:
+            break
+        x2, y2 = min(others, key=lambda p: abs(p[0] - guess))
+        at = guess + (usable - y) * (guess - x2) / (y - y2)
+        nxt = max(v.step, min(int(at) // v.step * v.step, v.top))
+        if nxt == guess:
+            nxt = guess + v.step if y <= usable else guess - v.step
+        guess = max(v.step, min(nxt, v.top))
+    outcomes = [
+        Outcome(x, Status.SUCCEEDED, None, None)
+        if y <= usable
+        else Outcome(x, Status.FAILED, ErrorType.OOM, None)
+        for x, y in sorted(seen.items())
+    ]
     for _ in range(fit_search.MAX_TRIALS):
-        decision = fit_search.decide({}, outcomes, vary, v.step, v.top, max(start, v.step))
+        decision = fit_search.decide({}, outcomes, vary, v.step, v.top, guess)
         if decision.fields is not None:
             best = decision.fields.get("max_fitting")
             return 0 if best is None and decision.fields.get("state") == "done" else best
         assert decision.value is not None
-        answer = tracer.one({**v.params, vary: decision.value, "capacity_bytes": usable})
-        if answer.peak_reserved is None:
+        y = reserved(decision.value)
+        if y is None:
             return None
-        ok = answer.peak_reserved <= usable
+        ok = y <= usable
         status, error = (Status.SUCCEEDED, None) if ok else (Status.FAILED, ErrorType.OOM)
         outcomes.append(Outcome(decision.value, status, error, None))
     return None
@@ -351,8 +396,9 @@ def plan(
             if all(r is not None for r in reserved)
             else None
         )
+        seeds = [(x, r) for x, r in zip(v.points, reserved, strict=True) if r is not None]
         for c in cards:
-            answers.append(_answer(body, tracer, v, c, first, fn))
+            answers.append(_answer(body, tracer, v, c, first, fn, seeds))
     suggestions = []
     if body.suggest:
         short = [a.gpu.name for a in answers if a.variant.index == 0 and a.fits is False]
@@ -387,6 +433,7 @@ def _answer(
     c: Target,
     first: ModelPrediction,
     fn: Callable[[int], float] | None,
+    seeds: list[tuple[int, int]],
 ) -> PlanAnswer:
     variant = PlanVariant(
         index=v.index, overrides=v.overrides, label=_label(v.overrides), value=v.value
@@ -416,7 +463,7 @@ def _answer(
             capped = tracer.one({**v.params, "capacity_bytes": usable})
             fits = capped.peak_reserved is not None and capped.peak_reserved <= usable
         start = v.value if fn is None else _guess(fn, usable, v)
-        edge, how = traced_edge(tracer, v, body.vary, usable, start), "traced"
+        edge, how = traced_edge(tracer, v, body.vary, usable, start, seeds), "traced"
     elif fn is not None:
         edge, how = estimated_edge(fn, usable, v.step, v.top), "estimated"
         shape = "a line" if len(v.points) == 2 else "a parabola"

@@ -114,6 +114,7 @@ def request(form: dict[str, str]) -> dict[str, Any]:
             if line.strip()
         ],
     }
+    body["verify"] = form.get("quick") != "on"
     if form.get("capacity", "").strip():
         body["capacity_bytes"] = size(form["capacity"], "capacity")
     return body

@@ -228,7 +228,7 @@ def compare_page(
 
 
 PLAN_FIELDS = ("model", "batch", "seq", "task", "precision", "optimizer", "gpus", "capacity",
-               "variants", "vary")  # fmt: skip
+               "variants", "vary", "quick")  # fmt: skip
 
 
 @router.get("/plan", response_class=HTMLResponse)
@@ -247,11 +247,12 @@ def plan_page(
     capacity: Annotated[str, Query(max_length=40)] = "",
     variants: Annotated[str, Query(max_length=2000)] = "",
     vary: Annotated[str, Query(max_length=20)] = "batch_size",
+    quick: Annotated[str, Query(max_length=4)] = "",
 ) -> HTMLResponse:
     """Will it fit: the plan form, and its answer drawn per GPU and variant."""
     live = gpus.worker_cards(s, now, settings.worker_live_seconds)
     form = dict(zip(PLAN_FIELDS, (model, batch, seq, task, precision, optimizer, gpus_given,
-                                  capacity, variants, vary), strict=True))  # fmt: skip
+                                  capacity, variants, vary, quick), strict=True))  # fmt: skip
     result = error = None
     if model.strip():
         try:

@@ -80,7 +80,7 @@ def test_a_verified_edge_is_where_the_predictor_says_the_step_stops_fitting(
     # Each value around the edge is traced: slow on a busy machine.
     with httpx.Client(base_url=server.url, timeout=120) as client:
         capacity = 90 * MiB  # tiny-gpt2 at 32 tokens: 74 MiB reserved at batch 8, 96 at 16
-        quick = _plan(client, capacity_bytes=capacity, suggest=False)["answers"][0]
+        quick = _plan(client, capacity_bytes=capacity, suggest=False, verify=False)["answers"][0]
         assert quick["edge"] == "estimated" and quick["predicted_max_fitting"] >= 0
         assert "line" in quick["note"]
         answer = _plan(client, capacity_bytes=capacity, suggest=False, verify=True)["answers"][0]

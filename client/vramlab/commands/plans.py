@@ -78,7 +78,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             params=_params(args),
             variants=[_overrides(v) for v in args.variant or []],
             suggest=not args.no_suggestions,
-            verify=args.verify,
+            verify=not args.quick,
         )
     if args.json:
         print_json(plan)
@@ -135,7 +135,12 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
         help="KEY=VALUE[,...]: one more answer with these params, e.g. checkpointing=true",
     )
     p.add_argument("--vary", choices=list(FIT_VARIES), default="batch_size")
-    p.add_argument("--verify", action="store_true", help="trace each edge (slower)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="read each edge off a curve through two or three traces, without tracing around "
+        "it (faster; can be far off)",
+    )
     p.add_argument("--no-suggestions", action="store_true", help="skip what would make it fit")
     p.set_defaults(func=reported(cmd_plan))
 
