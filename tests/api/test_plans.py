@@ -18,7 +18,9 @@ TINY = {"op": "model", "params": {"model": "tiny-gpt2", "seq_len": 32, "batch_si
 
 
 def _plan(client: httpx.Client, **body: Any) -> dict[str, Any]:
-    r = client.post("/v1/plans", json={"spec": TINY, **body})
+    # The first plan of a server starts its predictor (torch imported): slow on a busy
+    # machine, as tracing around edges is.
+    r = client.post("/v1/plans", json={"spec": TINY, **body}, timeout=300)
     assert r.status_code == 200, r.text
     out: dict[str, Any] = r.json()
     return out
@@ -48,7 +50,7 @@ def test_a_live_workers_gpu_is_listed_and_can_be_planned_for(client: httpx.Clien
     items = client.get("/v1/gpus").json()["items"]
     mine = [c for c in items if c["from_worker"]]
     assert [(c["name"], c["total_bytes"]) for c in mine] == [("NVIDIA H100 80GB HBM3", 80 * GiB)]
-    plan = _plan(client, gpus=["NVIDIA H100 80GB HBM3"], suggest=False)
+    plan = _plan(client, gpus=["NVIDIA H100 80GB HBM3"], suggest=False, verify=False)
     assert plan["answers"][0]["gpu"]["total_bytes"] == 80 * GiB
 
 
@@ -190,7 +192,7 @@ def test_the_plan_page_draws_each_answer_against_the_cards_usable_memory(
         "capacity": "16MiB",
         "variants": "micro_batches=2",
     }
-    page = client.get("/ui/plan", params=form)
+    page = client.get("/ui/plan", params=form, timeout=300)
     assert page.status_code == 200, page.text
     html = page.text
     assert "predicted for cuda" in html and "nothing ran" in html
@@ -199,7 +201,7 @@ def test_the_plan_page_draws_each_answer_against_the_cards_usable_memory(
     assert "does not fit" in html and "short" in html and "spare" in html
     assert "What would make it fit" in html
     assert 'id="plan-error"' not in html
-    wrong = client.get("/ui/plan", params={**form, "gpus": "no such card"})
+    wrong = client.get("/ui/plan", params={**form, "gpus": "no such card"}, timeout=300)
     assert wrong.status_code == 200
     assert 'id="plan-error"' in wrong.text and "gpus[0]" in wrong.text
     empty = client.get("/ui/plan")
