@@ -488,20 +488,17 @@ def _guess(fn: Callable[[int], float], usable: int, v: Variant) -> int:
     return max(estimated_edge(fn, usable, v.step, v.top), v.step)
 
 
-def predictor_of(settings: Settings) -> Predict | None:
+def predictor_of(settings: Settings, submitter: str) -> Predict | None:
     """The service's model predictor as a plan calls it (CUDA; the spec's allocator
-    settings ride in the params as ``__allocator``), or None where there is none."""
-    if not settings.model_predictions:
-        return None
-    shared = predictor_service.shared(
-        settings.model_predict_timeout_s, settings.model_predict_wait_s
-    )
+    settings ride in the params as ``__allocator``; ``submitter``: whose turn it takes in
+    the predictor's fair queue), or None where there is none."""
+    shared = predictor_service.shared(settings)
     if shared is None:
         return None
 
     def predict(params: dict[str, Any]) -> ModelPrediction:
         params = dict(params)
         allocator = params.pop("__allocator", None)
-        return shared.predict(params, DEVICE, allocator)
+        return shared.predict(params, DEVICE, allocator, submitter)
 
     return predict

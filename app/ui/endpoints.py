@@ -257,7 +257,9 @@ def plan_page(
     if model.strip():
         try:
             body = PlanIn.model_validate(plan_views.request(form))
-            result = plans.plan(body, live, plans.predictor_of(settings), time.monotonic)
+            address = request.client.host if request.client else "unknown"
+            predict = plans.predictor_of(settings, f"address:{address}")
+            result = plans.plan(body, live, predict, time.monotonic)
         except ApiError as exc:
             details = exc.details if isinstance(exc.details, list) else []
             error = "; ".join(f"{d['field']}: {d['message']}" for d in details) or exc.message
