@@ -60,7 +60,7 @@ def test_a_plan_answers_for_gpus_and_a_capacity_without_any_worker(
     # A cap far below the cards asked about: it bounds what runs, not what is predicted.
     settings = make_settings(database_url, max_experiment_bytes=64 * MiB)
     with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=120) as client:
-        plan = _plan(client, gpus=["4090", "h100"], capacity_bytes=24 * MiB)
+        plan = _plan(client, gpus=["4090", "h100"], capacity_bytes=24 * MiB, verify=False)
     assert plan["predicted"] is True and plan["device"] == "cuda"
     names = [a["gpu"]["name"] for a in plan["answers"]]
     assert names == ["RTX 4090 24GB", "H100 SXM 80GB", "24.0 MiB (capacity_bytes)"]
@@ -158,7 +158,7 @@ def test_the_plan_and_gpus_commands_print_readable_tables(
     assert "RTX 4090 24GB" in out and "placeholder" in out and "8.9" in out
     code = main(
         ["plan", "tiny-gpt2", "--batch", "4", "--seq", "32", "--gpu", "4090",
-         "--capacity", "16MiB", "--variant", "micro_batches=2", *args]
+         "--capacity", "16MiB", "--variant", "micro_batches=2", "--quick", *args]
     )  # fmt: skip
     assert code == 0
     out = capsys.readouterr().out
@@ -191,6 +191,7 @@ def test_the_plan_page_draws_each_answer_against_the_cards_usable_memory(
         "gpus": "4090",
         "capacity": "16MiB",
         "variants": "micro_batches=2",
+        "quick": "on",  # a 24 GB card's edge for a tiny model is in the thousands
     }
     page = client.get("/ui/plan", params=form, timeout=300)
     assert page.status_code == 200, page.text
