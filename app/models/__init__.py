@@ -8,6 +8,7 @@ from app.models.result import Result
 from app.models.snapshot import Snapshot
 from app.models.submitter_queue import SubmitterQueue
 from app.models.sweep import Sweep
+from app.models.sweep_count import SweepCount
 from app.models.tag import ExperimentTag
 from app.models.trace_chunk import TraceChunk
 from app.models.worker import Worker
@@ -22,6 +23,7 @@ __all__ = [
     "Snapshot",
     "SubmitterQueue",
     "Sweep",
+    "SweepCount",
     "TraceChunk",
     "Worker",
 ]
