@@ -44,7 +44,7 @@ from typing import Any
 from app.catalog.devices import canonical_device
 from vramlab.contract import ChildStart, ErrorType, Isolation, Status
 from workers import allocator
-from workers.children import Child, SharedPool, reap
+from workers.children import Child, SharedPool, reap, retire_idle
 from workers.endings import Outcome, failure, outcome_of, wait
 from workers.launch import preload, spawn
 
@@ -110,6 +110,7 @@ class Runner:
         self._shared = SharedPool(concurrency, shared_runs)
         self._exiting: list[ForkServerProcess | SpawnProcess] = []
         self._filling: dict[str, threading.Thread] = {}  # the latest fill per device
+        self._starting: dict[str, int] = {}  # spares being started now, per device
         # Per device, one counter per running experiment: the most that ran at once.
         self._running: dict[str, list[list[int]]] = {}
 
@@ -222,17 +223,16 @@ class Runner:
         return outcome
 
     def close(self) -> None:
-        """Retire the spares and the idle shared children (a busy one retires when its
-        experiment ends). The forkserver exits by itself once no process holds its
-        "alive" pipe, that is when this process exits; the stdlib offers no public way to
-        stop it sooner."""
+        """Retire the spares and the idle shared children at once (they run nothing: EOF,
+        a short grace, then a kill), and the spares still starting as they finish; a
+        busy one retires when its experiment ends. The forkserver exits by itself once no
+        process holds its "alive" pipe, that is when this process exits; the stdlib
+        offers no public way to stop it sooner."""
         with self._lock:
             idle = [c for pool in self._spares.values() for c in pool]
             self._spares.clear()
             self._ctx = None
-        for child in [*idle, *self._shared.close()]:
-            child.conn.close()  # EOF: the child exits without running anything more
-            self._exiting.append(child.proc)
+        retire_idle([*idle, *self._shared.close()])
         self._settle()
 
     def spares(self, device: str) -> list[ForkServerProcess | SpawnProcess]:
@@ -310,16 +310,32 @@ class Runner:
         return None
 
     def _fill(self, device: str) -> None:
-        with self._lock:
-            if self._ctx is None:
-                return
-            pool = self._spares.setdefault(device, [])
-            while len(pool) < self.spare_count:
-                try:
-                    pool.append(self._spawn("spare", (device,)))
-                except RuntimeError as exc:  # the experiments still run, on the cold path
-                    log.warning("could not start a spare child for %s: %s", device, exc)
+        """Start spares for ``device`` until it has ``spare_count``. The lock is not held
+        while one starts (seconds on a loaded host), so that ``close`` never waits for it:
+        a spare that comes up after ``close`` is retired at once."""
+        while True:
+            with self._lock:
+                ctx = self._ctx
+                if ctx is None:
                     return
+                pool = self._spares.setdefault(device, [])
+                if len(pool) + self._starting.get(device, 0) >= self.spare_count:
+                    return
+                self._starting[device] = self._starting.get(device, 0) + 1
+            try:
+                child = spawn(ctx, "spare", (device,))
+            except RuntimeError as exc:  # the experiments still run, on the cold path
+                log.warning("could not start a spare child for %s: %s", device, exc)
+                return
+            finally:
+                with self._lock:
+                    self._starting[device] -= 1
+            with self._lock:
+                if self._ctx is not None:
+                    self._spares.setdefault(device, []).append(child)
+                    continue
+            retire_idle([child])  # closed meanwhile
+            return
 
     def _discard(self, child: Child) -> None:
         child.discard()
