@@ -27,6 +27,7 @@ import contextlib
 import json
 import logging
 import multiprocessing
+import os
 import tempfile
 import threading
 import time
@@ -47,6 +48,7 @@ from workers import allocator
 from workers.children import Child, SharedPool, reap, retire_idle
 from workers.endings import Outcome, failure, outcome_of, wait
 from workers.launch import preload, spawn
+from workers.sharing import DeviceGate
 
 DEFAULT_TIMEOUT_S = 600.0
 PROBE_TIMEOUT_S = 120.0
@@ -59,13 +61,32 @@ def _never() -> bool:
     return False
 
 
-def _needs_cuda(spec: dict[str, Any]) -> bool:
-    """Whether any tensor of the spec lives on a GPU, or needs one (pinned host memory)."""
+def _devices(spec: dict[str, Any]) -> list[str]:
+    """Every device the spec's tensors live on: its own, another operand's, the plan's."""
     params = spec.get("params") or {}
     # The catalog's plan names every device (other operands, pinned memory, steps).
     planned = (spec.get("prediction") or {}).get("devices") or []
-    devices = (str(spec["device"]), str(params.get("source_device") or "cpu"), *planned)
-    return bool(params.get("pin_memory")) or any(str(d).startswith("cuda") for d in devices)
+    return [str(spec["device"]), str(params.get("source_device") or "cpu"), *map(str, planned)]
+
+
+def _needs_cuda(spec: dict[str, Any]) -> bool:
+    """Whether any tensor of the spec lives on a GPU, or needs one (pinned host memory)."""
+    pinned = bool((spec.get("params") or {}).get("pin_memory"))
+    return pinned or any(d.startswith("cuda") for d in _devices(spec))
+
+
+# ``vramlab worker`` with no --concurrency: how many experiments a device runs at once
+# (shared-isolation ones together, any other alone: workers/sharing.py). A GPU overlaps
+# several tiny experiments' launches and host work; on the CPU, two suit a 2-core host
+# (one runs while the other's loop claims and reports) without crowding the API.
+DEFAULT_CONCURRENCY = {"cuda": 4, "cpu": 2}
+
+
+def concurrency_for(device_types: list[str], cpus: int | None = None) -> int:
+    """The default concurrency of a worker that offers ``device_types``."""
+    if "cuda" in device_types:
+        return DEFAULT_CONCURRENCY["cuda"]
+    return max(1, min(DEFAULT_CONCURRENCY["cpu"], cpus or os.cpu_count() or 1))
 
 
 class Runner:
@@ -86,19 +107,23 @@ class Runner:
         device: str = "auto",
         *,
         warm: bool = True,
-        concurrency: int = 1,
+        concurrency: int | None = 1,
         spares: int | None = None,
         shared_runs: int = SHARED_RUNS,
     ) -> None:
         if device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', not {device!r}")
-        if concurrency < 1:
+        if concurrency is not None and concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
         if spares is not None and spares < 1:
             raise ValueError(f"spares must be at least 1, not {spares}")
         if shared_runs < 1:
             raise ValueError(f"shared_runs must be at least 1, not {shared_runs}")
-        self.spare_count = spares or concurrency
+        # None: chosen by device once the host is probed (``capabilities``), and then only
+        # shared-isolation experiments share a device (``DeviceGate``).
+        self.by_device = concurrency is None
+        concurrency = concurrency or 1
+        self.spare_count = spares or (1 if self.by_device else concurrency)
         self.shared_runs = shared_runs
         self.device = device
         self.warm = warm
@@ -108,6 +133,7 @@ class Runner:
         self._lock = threading.RLock()
         self._spares: dict[str, list[Child]] = {}
         self._shared = SharedPool(concurrency, shared_runs)
+        self._gate = DeviceGate()
         self._exiting: list[ForkServerProcess | SpawnProcess] = []
         self._filling: dict[str, threading.Thread] = {}  # the latest fill per device
         self._starting: dict[str, int] = {}  # spares being started now, per device
@@ -154,6 +180,9 @@ class Runner:
                     f"device (torch {caps['torch']}, CUDA build {caps['cuda']})"
                 )
             self._capabilities = caps
+            if self.by_device:
+                self.concurrency = concurrency_for(caps["device_types"])
+                self._shared.size = self.concurrency
             if self.warm:
                 self._fill("cuda:0" if "cuda" in caps["device_types"] else "cpu")
             return caps
@@ -190,7 +219,7 @@ class Runner:
         if reuse and any(v is not None for v in settings.values()):
             # The API refuses this; a caller of the runner itself gets a clean process.
             reuse, spec = False, {**spec, "isolation": Isolation.CLEAN}
-        with self._sharing(device) as at_once:
+        with self._turn(spec, device, reuse), self._sharing(device) as at_once:
             args = (spec, str(trace_path) if trace_path else None, time.time_ns())
             began = time.perf_counter()
             if reuse:
@@ -346,6 +375,19 @@ class Runner:
             exiting, self._exiting = self._exiting, []
         for proc in exiting:
             reap(proc)
+
+    def _turn(
+        self, spec: dict[str, Any], device: str, reuse: bool
+    ) -> contextlib.AbstractContextManager[None]:
+        """With concurrency by device, a shared-isolation spec shares its device; any
+        other waits until its devices are free and keeps them to itself."""
+        if not self.by_device:
+            return contextlib.nullcontext()
+        # A model (a fit's trials are models too) keeps its GPU, whatever its isolation.
+        if reuse and spec.get("op") != "model":
+            return self._gate.shared(device)
+        devices = {device, *(canonical_device(d) for d in _devices(spec) if d.startswith("cuda"))}
+        return self._gate.alone(devices)
 
     @contextlib.contextmanager
     def _sharing(self, device: str) -> Iterator[list[int]]:
