@@ -69,6 +69,14 @@ def _devices(spec: dict[str, Any]) -> list[str]:
     return [str(spec["device"]), str(params.get("source_device") or "cpu"), *map(str, planned)]
 
 
+# A device's warm model children are kept apart from its spares, under this suffix.
+_MODELS = "+models"
+
+
+def _models_pool(device: str) -> str:
+    return device + _MODELS
+
+
 def _needs_cuda(spec: dict[str, Any]) -> bool:
     """Whether any tensor of the spec lives on a GPU, or needs one (pinned host memory)."""
     pinned = bool((spec.get("params") or {}).get("pin_memory"))
@@ -232,7 +240,7 @@ class Runner:
         if reuse and ended == "finished":
             self._shared.give_back(device, child)
         if self.warm and device == "cpu":
-            self._fill_soon(device)
+            self._fill_soon(_models_pool(device) if spec.get("op") == "model" else device)
         driver = (self._capabilities or {}).get("driver")
         outcome = outcome_of(payload, ended, code, trace_path, timeout, driver)
         outcome.pid = pid
@@ -283,7 +291,17 @@ class Runner:
             # A forked child cannot change the allocator backend torch loaded with.
             child = self._spawn("experiment", (*args, handed_at), fresh=True)
             return child, "fresh_interpreter"
-        spare = self._take_spare(device) if self.warm and allocator.warm_safe(settings) else None
+        warm = self.warm and allocator.warm_safe(settings)
+        model = args[0].get("op") == "model"
+        spare = None
+        if warm and model:
+            spare = self._take_spare(_models_pool(device))
+            if device != "cpu":
+                # The next trial's warm child imports transformers while this one runs; on
+                # the CPU it starts after the result instead (as a CPU spare does).
+                self._fill_soon(_models_pool(device))
+        if warm and spare is None:
+            spare = self._take_spare(device)
         if spare is not None:
             try:
                 spare.conn.send_bytes(json.dumps([*args, handed_at]).encode())
@@ -338,8 +356,9 @@ class Runner:
                 self._discard(child)
         return None
 
-    def _fill(self, device: str) -> None:
-        """Start spares for ``device`` until it has ``spare_count``. The lock is not held
+    def _fill(self, pool_key: str) -> None:
+        """Start spares for ``pool_key`` (a device, or a device's model children) until it
+        has ``spare_count``. The lock is not held
         while one starts (seconds on a loaded host), so that ``close`` never waits for it:
         a spare that comes up after ``close`` is retired at once."""
         while True:
@@ -347,21 +366,23 @@ class Runner:
                 ctx = self._ctx
                 if ctx is None:
                     return
-                pool = self._spares.setdefault(device, [])
-                if len(pool) + self._starting.get(device, 0) >= self.spare_count:
+                pool = self._spares.setdefault(pool_key, [])
+                if len(pool) + self._starting.get(pool_key, 0) >= self.spare_count:
                     return
-                self._starting[device] = self._starting.get(device, 0) + 1
+                self._starting[pool_key] = self._starting.get(pool_key, 0) + 1
+            device = pool_key.removesuffix(_MODELS)
+            args = (device, True) if pool_key != device else (device,)
             try:
-                child = spawn(ctx, "spare", (device,))
+                child = spawn(ctx, "spare", args)
             except RuntimeError as exc:  # the experiments still run, on the cold path
-                log.warning("could not start a spare child for %s: %s", device, exc)
+                log.warning("could not start a spare child for %s: %s", pool_key, exc)
                 return
             finally:
                 with self._lock:
-                    self._starting[device] -= 1
+                    self._starting[pool_key] -= 1
             with self._lock:
                 if self._ctx is not None:
-                    self._spares.setdefault(device, []).append(child)
+                    self._spares.setdefault(pool_key, []).append(child)
                     continue
             retire_idle([child])  # closed meanwhile
             return
