@@ -42,15 +42,15 @@ from multiprocessing.context import (
 from pathlib import Path
 from typing import Any
 
-from app.catalog.devices import canonical_device
+from vramlab.catalog.devices import canonical_device
 from vramlab.contract import ChildStart, ErrorType, Isolation, Status
+from vramlab.runspec import RunSpec
 from workers import allocator
 from workers.children import Child, SharedPool, reap, retire_idle
 from workers.endings import Outcome, failure, outcome_of, wait
 from workers.launch import preload, spawn
 from workers.sharing import DeviceGate
 
-DEFAULT_TIMEOUT_S = 600.0
 PROBE_TIMEOUT_S = 120.0
 SHARED_RUNS = 500  # experiments a shared process serves before it retires
 
@@ -61,12 +61,15 @@ def _never() -> bool:
     return False
 
 
-def _devices(spec: dict[str, Any]) -> list[str]:
+def _devices(spec: RunSpec) -> tuple[str, ...]:
     """Every device the spec's tensors live on: its own, another operand's, the plan's."""
-    params = spec.get("params") or {}
     # The catalog's plan names every device (other operands, pinned memory, steps).
-    planned = (spec.get("prediction") or {}).get("devices") or []
-    return [str(spec["device"]), str(params.get("source_device") or "cpu"), *map(str, planned)]
+    return (spec.device, spec.source_device, *spec.planned_devices)
+
+
+def _needs_cuda(spec: RunSpec) -> bool:
+    """Whether any tensor of the spec lives on a GPU, or needs one (pinned host memory)."""
+    return spec.pin_memory or any(d.startswith("cuda") for d in _devices(spec))
 
 
 # A device's warm model children are kept apart from its spares, under this suffix.
@@ -75,12 +78,6 @@ _MODELS = "+models"
 
 def _models_pool(device: str) -> str:
     return device + _MODELS
-
-
-def _needs_cuda(spec: dict[str, Any]) -> bool:
-    """Whether any tensor of the spec lives on a GPU, or needs one (pinned host memory)."""
-    pinned = bool((spec.get("params") or {}).get("pin_memory"))
-    return pinned or any(d.startswith("cuda") for d in _devices(spec))
 
 
 # ``vramlab worker`` with no --concurrency: how many experiments a device runs at once
@@ -197,14 +194,14 @@ class Runner:
 
     def run(
         self,
-        spec: dict[str, Any],
+        spec: RunSpec,
         *,
         should_cancel: Callable[[], bool] = _never,
         work_dir: Path | None = None,
     ) -> Outcome:
         # The API sends canonical devices ("cuda:0"); a caller may write "cuda".
-        device = canonical_device(str(spec["device"]))
-        spec = {**spec, "device": device}
+        device = canonical_device(spec.device)
+        spec = spec.replace(device=device)
         if self.device == "cpu" and _needs_cuda(spec):
             return Outcome(
                 Status.FAILED,
@@ -218,17 +215,18 @@ class Runner:
                 0,
             )
         trace_path = None
-        if spec.get("trace", "events") != "none":
+        if spec.traced:
             folder = work_dir or Path(tempfile.gettempdir())
             trace_path = folder / f"vramlab-trace-{uuid.uuid4().hex}.ndjson.gz"
-        timeout = float(spec.get("timeout_s") or DEFAULT_TIMEOUT_S)
-        settings = spec.get("allocator") or {}
-        reuse = spec.get("isolation") == Isolation.SHARED
-        if reuse and any(v is not None for v in settings.values()):
+        timeout = spec.timeout_s
+        settings = spec.allocator.settings()
+        reuse = spec.shared
+        if reuse and settings:
             # The API refuses this; a caller of the runner itself gets a clean process.
-            reuse, spec = False, {**spec, "isolation": Isolation.CLEAN}
+            reuse, spec = False, spec.replace(isolation=Isolation.CLEAN)
         with self._turn(spec, device, reuse), self._sharing(device) as at_once:
-            args = (spec, str(trace_path) if trace_path else None, time.time_ns())
+            # The spec crosses to the child as its wire form (JSON on the pipe).
+            args = (spec.wire(), str(trace_path) if trace_path else None, time.time_ns())
             began = time.perf_counter()
             if reuse:
                 child, start = self._shared_child(device, args)
@@ -240,7 +238,7 @@ class Runner:
         if reuse and ended == "finished":
             self._shared.give_back(device, child)
         if self.warm and device == "cpu":
-            self._fill_soon(_models_pool(device) if spec.get("op") == "model" else device)
+            self._fill_soon(_models_pool(device) if spec.is_model else device)
         driver = (self._capabilities or {}).get("driver")
         outcome = outcome_of(payload, ended, code, trace_path, timeout, driver)
         outcome.pid = pid
@@ -398,14 +396,14 @@ class Runner:
             reap(proc)
 
     def _turn(
-        self, spec: dict[str, Any], device: str, reuse: bool
+        self, spec: RunSpec, device: str, reuse: bool
     ) -> contextlib.AbstractContextManager[None]:
         """With concurrency by device, a shared-isolation spec shares its device; any
         other waits until its devices are free and keeps them to itself."""
         if not self.by_device:
             return contextlib.nullcontext()
         # A model (a fit's trials are models too) keeps its GPU, whatever its isolation.
-        if reuse and spec.get("op") != "model":
+        if reuse and not spec.is_model:
             return self._gate.shared(device)
         devices = {device, *(canonical_device(d) for d in _devices(spec) if d.startswith("cuda"))}
         return self._gate.alone(devices)

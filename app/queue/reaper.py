@@ -25,8 +25,8 @@ from starlette.concurrency import run_in_threadpool
 from app.core.config import Settings
 from app.core.db import Database
 from app.core.signals import WorkSignal
-from app.models import Experiment
 from app.queue import service as queue
+from app.tables import Experiment
 from vramlab.contract import Status
 
 log = logging.getLogger("vramlab.reaper")

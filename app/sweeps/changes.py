@@ -15,7 +15,7 @@ import threading
 from sqlalchemy import event
 from sqlalchemy.orm import ORMExecuteState, Session, UOWTransaction
 
-from app.models import Experiment
+from app.tables import Experiment
 
 LOOK_AGAIN_SECONDS = 1.0
 _MARK = "vramlab_experiments_written"

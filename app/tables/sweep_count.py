@@ -5,7 +5,7 @@ however many points the sweep has."""
 from sqlalchemy import String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.models.base import Base
+from app.tables.base import Base
 
 
 class SweepCount(Base):
