@@ -6,9 +6,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.workers.conftest import SpecFactory
+from tests.workers.conftest import CheckedRunner, SpecFactory
 from workers.endings import Outcome
-from workers.runner import Runner, concurrency_for
+from workers.runner import concurrency_for
 
 
 def _succeeded(outcome: Outcome) -> dict[str, Any]:
@@ -26,7 +26,7 @@ def test_the_default_concurrency_follows_the_device() -> None:
 def test_shared_experiments_run_together_and_others_alone(
     make_spec: SpecFactory, tmp_path: Path
 ) -> None:
-    runner = Runner(concurrency=None)
+    runner = CheckedRunner(concurrency=None)
     runner.start()
     try:
         runner.capabilities()

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.workers.conftest import build_spec
+from tests.workers.conftest import CheckedRunner, build_spec
 from workers.endings import Outcome
 from workers.runner import Runner
 
@@ -53,12 +53,12 @@ def _model_child(runner: Runner) -> int | None:
 
 
 def test_a_warm_trial_measures_what_a_cold_one_does(tmp_path: Path) -> None:
-    cold = Runner(warm=False)
+    cold = CheckedRunner(warm=False)
     try:
         cold_outcome = cold.run(_spec(), work_dir=tmp_path)
     finally:
         cold.close()
-    warm = Runner()
+    warm = CheckedRunner()
     try:
         warm.capabilities()
         first = warm.run(_spec(), work_dir=tmp_path)  # a plain spare: no model child yet
