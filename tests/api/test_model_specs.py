@@ -52,6 +52,12 @@ def test_an_unknown_model_is_refused_with_what_is_known(client: httpx.Client) ->
         ({"model": "vit-base", "seq_len": 128}, "params.seq_len"),
         ({"model": "gpt2", "steps": 1}, "params.steps"),
         ({"model": "gpt2", "config": {"n_layer": {"nested": 1}}}, "params.config"),
+        ({"model": "gpt2", "target_len": 16}, "params.target_len"),
+        ({"model": "t5-small", "task": "inference", "target_len": 16}, "params.target_len"),
+        ({"model": "gpt2", "use_cache": False}, "params.use_cache"),
+        ({"model": "gpt2", "task": "inference", "dropout": 0.1}, "params.dropout"),
+        ({"model": "bert-base", "task": "inference", "logits_to_keep": 1}, "params.logits_to_keep"),
+        ({"model": "gpt2", "dropout": 1.5}, "params.dropout"),
     ],
 )
 def test_knobs_that_do_not_combine_name_their_field(

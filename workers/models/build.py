@@ -11,13 +11,15 @@ import contextlib
 import inspect
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from app.catalog import CatalogError
-from app.catalog.model_zoo import Resolved, resolve
+from app.catalog.model_zoo import Resolved, resolve_spec
+from workers.models import finetune
+from workers.models.finetune import FineTune
 
 # The child never reaches a model hub: configs are built, weights are random.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -49,6 +51,7 @@ class Built:
     device: torch.device
     autocast_dtype: torch.dtype | None
     keeps_logits: bool  # whether the forward takes logits_to_keep (generation's prefill)
+    tune: FineTune = field(default_factory=FineTune)
     # Another autocast (the predictor's CUDA autocast on CPU fake tensors); None: torch's.
     autocast_with: Callable[[torch.dtype], contextlib.AbstractContextManager[Any]] | None = None
 
@@ -85,7 +88,17 @@ class Built:
     def gradients(self) -> list[torch.Tensor]:
         return [p.grad for p in self.model.parameters() if p.grad is not None]
 
+    def trainable(self) -> list[torch.Tensor]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
     def optimizer_state(self) -> list[torch.Tensor]:
+        """The optimizer's state on the device (paged state, in managed memory, apart)."""
+        return [t for t in self._state() if not finetune.is_paged(t)]
+
+    def paged_state(self) -> list[torch.Tensor]:
+        return [t for t in self._state() if finetune.is_paged(t)]
+
+    def _state(self) -> list[torch.Tensor]:
         if self.optimizer is None:
             return []
         return [
@@ -100,7 +113,10 @@ def config_of(params: Mapping[str, Any]) -> tuple[Resolved, Any]:
     """The model's resolved name and its transformers config (overrides applied)."""
     import transformers
 
-    resolved = resolve(str(params["model"]), params.get("head"))
+    try:
+        resolved = resolve_spec(params.get("model"), params.get("head"), params.get("config_json"))
+    except ValueError as exc:
+        raise CatalogError("params.model", str(exc)) from None
     overrides = {**resolved.config, **(params.get("config") or {})}
     config_class = transformers.CONFIG_MAPPING[resolved.model_type]
     known = set(inspect.signature(config_class.__init__).parameters) | set(
@@ -113,6 +129,10 @@ def config_of(params: Mapping[str, Any]) -> tuple[Resolved, Any]:
         config = transformers.AutoConfig.for_model(resolved.model_type, **overrides)
     except (ValueError, TypeError, KeyError) as exc:
         raise CatalogError("params.config", f"transformers refuses this config: {exc}") from None
+    dropout = params.get("dropout")
+    if dropout is not None:  # the knob: every dropout probability of the config
+        for key, value in finetune.dropout_overrides(config, float(dropout)).items():
+            setattr(config, key, value)
     if resolved.kind == "seq2seq-lm" and getattr(config, "decoder_start_token_id", None) is None:
         # Training shifts the labels right from this token; T5's configs leave it unset.
         config.decoder_start_token_id = getattr(config, "pad_token_id", None) or 0
@@ -127,6 +147,7 @@ def build(params: Mapping[str, Any], device: torch.device, initialize: bool = Tr
     from transformers.initialization import no_init_weights
 
     resolved, config = config_of(params)
+    tune = FineTune.of(params)
     task = str(params.get("task", "train"))
     precision = str(params.get("precision", "fp32"))
     auto = getattr(transformers, _AUTO[resolved.kind])
@@ -150,17 +171,20 @@ def build(params: Mapping[str, Any], device: torch.device, initialize: bool = Tr
                 "params.checkpointing", f"{resolved.model_type} has no activation checkpointing"
             )
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if task == "train":
-        # Dropout draws masks that change nothing about the bytes but cost a random draw.
-        for module in model.modules():
-            if isinstance(module, torch.nn.Dropout):
-                module.p = 0.0
-    optimizer = make_optimizer(params, list(model.parameters())) if task == "train" else None
+    if tune.dropout is not None:  # dropouts no config value reaches (training keeps masks)
+        finetune.set_dropout(model, tune.dropout)
+    if tune.lora is not None:
+        with torch.device(device):
+            model = finetune.apply_lora(model, tune.lora)
+        model.train(task == "train")
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_optimizer(params, trainable) if task == "train" else None
     autocast_dtype = AUTOCAST_DTYPES.get(precision)
     scaler = None
     if task == "train" and precision == "fp16-autocast":
         scaler = torch.amp.GradScaler(device.type)
-    forward_args = inspect.signature(model.forward).parameters
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    forward_args = inspect.signature(base.forward).parameters
     return Built(
         resolved=resolved,
         params=params,
@@ -171,6 +195,7 @@ def build(params: Mapping[str, Any], device: torch.device, initialize: bool = Tr
         device=device,
         autocast_dtype=autocast_dtype,
         keeps_logits="logits_to_keep" in forward_args,
+        tune=tune,
     )
 
 
@@ -191,6 +216,10 @@ def make_optimizer(params: Mapping[str, Any], weights: list[torch.Tensor]) -> to
         return torch.optim.Adam(weights, lr=1e-4, **options)
     if name == "adafactor":
         return torch.optim.Adafactor(weights, lr=1e-2, **options)
+    if name == "transformers-adafactor":
+        return finetune.adafactor(weights)
+    if name in ("adamw-8bit", "paged-adamw-8bit", "paged-adamw"):
+        return finetune.bitsandbytes_optimizer(name, weights)
     return torch.optim.AdamW(weights, lr=1e-4, **options)
 
 
@@ -217,5 +246,11 @@ def make_inputs(
     if kind == "seq2seq-lm" and params.get("task") == "inference":
         inputs["decoder_input_ids"] = ids.clone()
     if train:
-        inputs["labels"] = ids.clone()
+        target = params.get("target_len")
+        if kind == "seq2seq-lm" and target is not None:  # labels as long as the targets
+            inputs["labels"] = (torch.arange(batch * int(target), device=device) % vocab).reshape(
+                batch, int(target)
+            )
+        else:
+            inputs["labels"] = ids.clone()
     return inputs

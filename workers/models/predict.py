@@ -32,7 +32,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from app.catalog import CatalogError
-from app.catalog.model_zoo import resolve
+from app.catalog.model_zoo import resolve_spec
 from vramlab.contract import Category
 from workers.models.alloc_log import (
     TRACED_DEPTH,
@@ -76,11 +76,12 @@ class FakeScaler:
     def __init__(self, device: torch.device) -> None:
         self.scale_value = torch.full((), 65536.0, device=device)
         self.found_inf = torch.zeros((), device=device)
+        self._unscaled = False
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * self.scale_value
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         grads = [
             p.grad
             for group in optimizer.param_groups
@@ -89,7 +90,13 @@ class FakeScaler:
         ]
         inv = self.scale_value.double().reciprocal().float()
         torch._amp_foreach_non_finite_check_and_unscale_(grads, self.found_inf, inv)
+        self._unscaled = True
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self._unscaled:
+            self.unscale_(optimizer)
         optimizer.step()
+        self._unscaled = False
 
     def update(self) -> None:  # the scale stays: no values to judge it by
         return None
@@ -158,7 +165,8 @@ def trace(
         # PyTorch's default on CUDA is the foreach implementation (for-loop on the CPU).
         params = {**params, "optimizer_impl": "foreach"}
     new_tokens = int(params.get("new_tokens") or DEFAULT_NEW_TOKENS)
-    causal = resolve(str(params["model"]), params.get("head")).kind == "causal-lm"
+    resolved = resolve_spec(params.get("model"), params.get("head"), params.get("config_json"))
+    causal = resolved.kind == "causal-lm"
     settings = _settings(allocator) if cuda else None
     events: list[tuple[int, int]] | None = None
     if params.get("task") == "generate" and new_tokens > 2 and causal:

@@ -8,13 +8,22 @@ because the API never imports torch) and measured by the worker (workers/models/
 
 from __future__ import annotations
 
+from app.catalog import finetune
 from app.catalog.families.common import Params, Shape
 from app.catalog.model import CatalogError, OpEntry, Param, TensorPlan
-from app.catalog.model_zoo import KINDS, UnknownModel, resolve
+from app.catalog.model_zoo import KINDS, UnknownModel, resolve_spec
 
 TASKS = ("train", "inference", "generate")
 PRECISIONS = ("fp32", "bf16", "fp16", "bf16-autocast", "fp16-autocast")
-OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adafactor")
+OPTIMIZERS = (
+    "sgd",
+    "sgd-momentum",
+    "adam",
+    "adamw",
+    "adafactor",
+    *finetune.TRANSFORMERS_OPTIMIZERS,
+    *finetune.CUDA_OPTIMIZERS,
+)
 OPTIMIZER_IMPLS = ("default", "for-loop", "foreach", "fused")
 ATTENTIONS = ("sdpa", "eager")
 # Which implementations each optimizer has in PyTorch.
@@ -24,6 +33,8 @@ _IMPLS = {
     "adam": ("default", "for-loop", "foreach", "fused"),
     "adamw": ("default", "for-loop", "foreach", "fused"),
     "adafactor": ("default", "for-loop", "foreach"),
+    **{name: ("default",) for name in finetune.CUDA_OPTIMIZERS},
+    **{name: ("default",) for name in finetune.TRANSFORMERS_OPTIMIZERS},
 }
 # Config names that bound the sequence length, by what transformers calls them.
 _POSITION_KEYS = ("n_positions", "max_position_embeddings")
@@ -35,12 +46,14 @@ MODEL_CAVEAT = (
 )
 
 
-def check_model(params: Params) -> None:
+def check_model(params: Params, device: str | None = None) -> None:
     """Cross-field rules of a model spec; raise CatalogError naming the field at fault."""
+    config_json = params.get("config_json")
     try:
-        resolved = resolve(params["model"], params["head"])
+        resolved = resolve_spec(params["model"], params["head"], config_json)
     except UnknownModel as exc:
-        raise CatalogError("params.model", str(exc)) from None
+        field = "params.model" if config_json is None else "params.config_json"
+        raise CatalogError(field, str(exc)) from None
     task, kind = params["task"], resolved.kind
     image = kind == "image-classification"
     if task == "generate" and kind not in ("causal-lm", "seq2seq-lm"):
@@ -76,6 +89,7 @@ def check_model(params: Params) -> None:
             "params.optimizer_impl",
             f"{optimizer} has no {impl} implementation; it has {', '.join(_IMPLS[optimizer])}",
         )
+    finetune.check_finetune(params, kind, device)
     config = {**resolved.config, **(params["config"] or {})}
     limit = next((config[k] for k in _POSITION_KEYS if k in config), None)
     limit = limit or _POSITIONS_DEFAULT.get(resolved.model_type)
@@ -95,7 +109,7 @@ def _plan(shape: Shape, params: Params, dtype: str, device: str) -> TensorPlan:
         raise CatalogError(
             "shape", "a model experiment takes shape []: batch_size and seq_len are params"
         )
-    check_model(params)
+    check_model(params, device)
     return TensorPlan(inputs=(), outputs=(), caveats=(MODEL_CAVEAT,))
 
 
@@ -109,8 +123,9 @@ ENTRIES = (
             Param(
                 "model",
                 "text",
-                "a preset (gpt2, llama-8b, ...) or a transformers model_type",
-                required=True,
+                "a preset (gpt2, llama-8b, ...) or a transformers model_type (required "
+                "unless config_json is given)",
+                default=None,
             ),
             Param("config", "mapping", 'config overrides, e.g. {"n_layer": 6}', default=None),
             Param(
@@ -204,9 +219,11 @@ ENTRIES = (
                 default=None,
                 minimum=1,
             ),
+            *finetune.PARAMS,
         ),
         dtypes=("float32",),
         devices=("cpu", "cuda"),
         tags=("model",),
+        normalize=finetune.normalize,
     ),
 )
