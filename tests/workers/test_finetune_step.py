@@ -71,3 +71,21 @@ def test_generation_without_a_cache_reruns_the_sequence_and_is_predicted(runner:
         use_cache=False,
     )
     assert close(predicted, result["model"]["peak_allocated"])
+
+
+def test_a_config_json_builds_the_model_it_describes(runner: Runner) -> None:
+    from app.catalog.model_zoo import PRESETS
+
+    config_json = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.45.0",
+        **PRESETS["tiny-llama"].config,
+    }
+    shape = {"task": "inference", "batch_size": 2, "seq_len": 16}
+    preset, _ = measured_and_predicted(runner, model="tiny-llama", **shape)
+    inline, predicted = measured_and_predicted(runner, config_json=config_json, **shape)
+    assert inline["model"]["peak_allocated"] == preset["model"]["peak_allocated"]
+    assert inline["model"]["parameter_count"] == preset["model"]["parameter_count"]
+    assert close(predicted, inline["model"]["peak_allocated"])
