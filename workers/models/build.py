@@ -175,7 +175,7 @@ def build(params: Mapping[str, Any], device: torch.device, initialize: bool = Tr
         finetune.set_dropout(model, tune.dropout)
     if tune.lora is not None:
         with torch.device(device):
-            model = finetune.apply_lora(model, tune.lora)
+            model = finetune.apply_lora(model, tune.lora, fake=not initialize)
         model.train(task == "train")
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, trainable) if task == "train" else None

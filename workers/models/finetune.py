@@ -9,10 +9,12 @@ The API checks the knobs and writes Trainer's vocabulary out as them
 
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+from unittest import mock
 
 import torch
 
@@ -105,8 +107,10 @@ def set_dropout(model: torch.nn.Module, p: float) -> None:
             module.p = p
 
 
-def apply_lora(model: torch.nn.Module, lora: Lora) -> torch.nn.Module:
-    """The model with peft's LoRA adapters (the base frozen), as people call peft."""
+def apply_lora(model: torch.nn.Module, lora: Lora, fake: bool = False) -> torch.nn.Module:
+    """The model with peft's LoRA adapters (the base frozen), as people call peft.
+    ``fake``: the model is on fake tensors (the predictor), whose parameters PyTorch's
+    ``Module.to`` cannot swap in place; there they are replaced instead."""
     from peft import LoraConfig, get_peft_model
 
     config = LoraConfig(
@@ -118,11 +122,36 @@ def apply_lora(model: torch.nn.Module, lora: Lora) -> torch.nn.Module:
         bias=lora.bias,  # type: ignore[arg-type]  # checked by the API
     )
     try:
-        return get_peft_model(model, config)
+        with _replacing_apply() if fake else contextlib.nullcontext():
+            return get_peft_model(model, config)
     except ValueError as exc:
         from app.catalog import CatalogError
 
         raise CatalogError("params.peft", f"peft cannot adapt this model: {exc}") from None
+
+
+@contextlib.contextmanager
+def _replacing_apply() -> Iterator[None]:
+    """``Module._apply`` that puts the converted parameters in place of the old ones (the
+    same bytes as the real conversion; nothing holds the old ones yet)."""
+
+    def apply(self: torch.nn.Module, fn: Any, recurse: bool = True) -> torch.nn.Module:
+        if recurse:
+            for child in self.children():
+                child._apply(fn)
+        for key, param in self._parameters.items():
+            if param is not None:
+                with torch.no_grad():
+                    applied = fn(param)
+                if applied is not param:
+                    self._parameters[key] = torch.nn.Parameter(applied, param.requires_grad)
+        for key, buf in self._buffers.items():
+            if buf is not None:
+                self._buffers[key] = fn(buf)
+        return self
+
+    with mock.patch.object(torch.nn.Module, "_apply", apply):
+        yield
 
 
 def trainable(model: torch.nn.Module) -> tuple[int, list[str]]:
