@@ -18,7 +18,7 @@ import torch
 
 from app.catalog import CatalogError
 from app.catalog.model_zoo import Resolved, resolve_spec
-from workers.models import finetune
+from workers.models import finetune, rules
 from workers.models.finetune import FineTune
 
 # The child never reaches a model hub: configs are built, weights are random.
@@ -164,6 +164,17 @@ def build(params: Mapping[str, Any], device: torch.device, initialize: bool = Tr
             raise CatalogError(field, f"transformers cannot build this model: {exc}") from None
     if not initialize:
         model.tie_weights()  # skipped with the weights' initialization
+    if tune.quantization is not None:
+        q = tune.quantization
+        if initialize:  # bitsandbytes quantizes as it loads: the random weights, reloaded
+            model = finetune.quantized(model, auto, kwargs, q, device, task == "train")
+        else:
+            rules.quantize(model, q.method, q.double_quant, WEIGHT_DTYPES[q.compute_dtype])
+    if tune.loss == "liger":
+        if initialize:
+            finetune.apply_liger(model)
+        else:
+            model.forward = rules.liger_forward(model)
     model.train(task == "train")
     if params.get("checkpointing"):
         if not getattr(model, "supports_gradient_checkpointing", False):
@@ -178,7 +189,7 @@ def build(params: Mapping[str, Any], device: torch.device, initialize: bool = Tr
             model = finetune.apply_lora(model, tune.lora, fake=not initialize)
         model.train(task == "train")
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = make_optimizer(params, trainable) if task == "train" else None
+    optimizer = make_optimizer(params, trainable, fake=not initialize) if task == "train" else None
     autocast_dtype = AUTOCAST_DTYPES.get(precision)
     scaler = None
     if task == "train" and precision == "fp16-autocast":
@@ -199,7 +210,10 @@ def build(params: Mapping[str, Any], device: torch.device, initialize: bool = Tr
     )
 
 
-def make_optimizer(params: Mapping[str, Any], weights: list[torch.Tensor]) -> torch.optim.Optimizer:
+def make_optimizer(
+    params: Mapping[str, Any], weights: list[torch.Tensor], fake: bool = False
+) -> torch.optim.Optimizer:
+    """The spec's optimizer; ``fake``: on fake tensors, bitsandbytes' by its rule."""
     name = str(params.get("optimizer", "adamw"))
     impl = str(params.get("optimizer_impl", "default"))
     options: dict[str, Any] = {}
@@ -219,6 +233,8 @@ def make_optimizer(params: Mapping[str, Any], weights: list[torch.Tensor]) -> to
     if name == "transformers-adafactor":
         return finetune.adafactor(weights)
     if name in ("adamw-8bit", "paged-adamw-8bit", "paged-adamw"):
+        if fake:
+            return rules.BnbAdamWRule(weights, 32 if name == "paged-adamw" else 8, "paged" in name)
         return finetune.bitsandbytes_optimizer(name, weights)
     return torch.optim.AdamW(weights, lr=1e-4, **options)
 

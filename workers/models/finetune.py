@@ -187,3 +187,54 @@ def is_paged(t: torch.Tensor) -> bool:
     """A tensor in CUDA managed memory (bitsandbytes' paged state): the caching
     allocator's counters do not see it."""
     return bool(getattr(t, "is_paged", False))
+
+
+def quantized(
+    model: torch.nn.Module,
+    auto: Any,
+    kwargs: Mapping[str, Any],
+    quant: Quantization,
+    device: torch.device,
+    train: bool,
+) -> torch.nn.Module:
+    """The model reloaded through transformers' bitsandbytes integration, as people load a
+    checkpoint (its random weights saved to a temporary folder first), then for training
+    peft's ``prepare_model_for_kbit_training`` (checkpointing left to the spec's knob)."""
+    import tempfile
+
+    from transformers import BitsAndBytesConfig
+
+    dtypes = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+    if quant.method == "nf4":
+        config = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=quant.double_quant,
+            bnb_4bit_compute_dtype=dtypes[quant.compute_dtype],
+        )
+    else:
+        config = BitsAndBytesConfig(load_in_8bit=True)
+    with tempfile.TemporaryDirectory(prefix="vramlab-quant-") as folder:
+        model.save_pretrained(folder)  # type: ignore[operator]
+        del model
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+        loaded = auto.from_pretrained(
+            folder, quantization_config=config, device_map={"": device}, **kwargs
+        )
+    if train:
+        from peft import prepare_model_for_kbit_training
+
+        loaded = prepare_model_for_kbit_training(loaded, use_gradient_checkpointing=False)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    return loaded
+
+
+def apply_liger(model: torch.nn.Module) -> None:
+    """Liger's fused linear cross-entropy patched into this model (its other kernels off)."""
+    from liger_kernel.transformers import _apply_liger_kernel_to_instance
+
+    _apply_liger_kernel_to_instance(
+        model=model, rope=False, rms_norm=False, swiglu=False, fused_linear_cross_entropy=True
+    )

@@ -146,7 +146,14 @@ def predict(
     started = time.perf_counter()
     traced = trace(params, device_type, allocator)
     capacity = params.get("capacity_bytes")
+    paged = paged_state_bytes(params)
+    if paged:
+        traced.caveats.append(
+            f"the paged optimizer's state ({paged} bytes) lives in CUDA managed memory: not in "
+            "these figures; the driver moves it to the host when the GPU runs short"
+        )
     return {
+        "paged_optimizer_state_bytes": paged,
         "peak_allocated": traced.peak_allocated,
         "peak_reserved": traced.peak_reserved(capacity if isinstance(capacity, int) else None),
         "categories": {str(k): int(v) for k, v in traced.categories.items()},
@@ -154,6 +161,18 @@ def predict(
         "phase": traced.phase,
         "seconds": round(time.perf_counter() - started, 3),
     }
+
+
+def paged_state_bytes(params: Mapping[str, Any]) -> int:
+    """What a paged optimizer keeps in managed memory (bitsandbytes' rule,
+    workers/models/rules.py), from the model's trainable parameters on fake tensors."""
+    if params.get("optimizer") not in ("paged-adamw-8bit", "paged-adamw"):
+        return 0
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        built = build(params, torch.device("cpu"), initialize=False)
+        _prime(built)
+    optimizer = built.optimizer
+    return int(getattr(optimizer, "paged_bytes", 0))
 
 
 def trace(
