@@ -106,6 +106,10 @@ def plain_steps(params: dict[str, Any], capacity: int | None) -> dict[str, Any]:
         torch.cuda.synchronize()
     except torch.cuda.OutOfMemoryError:
         fits = False
+    except RuntimeError as exc:  # cuBLAS's own allocation failing is the card being full
+        if "CUBLAS_STATUS_ALLOC_FAILED" not in str(exc):
+            raise
+        fits = False
     return {
         "fits": fits,
         "peak_reserved": torch.cuda.max_memory_reserved(device),
@@ -243,8 +247,10 @@ def main() -> None:
     from workers.models.predict import Traced, trace
 
     card = usable_bytes(args.usable)
+    args.out.mkdir(parents=True, exist_ok=True)
+    lines = (args.out / "fit_edge.jsonl").open("a")  # each row as it comes: a crash keeps them
     trials = Trials()
-    rows = []
+    rows: list[dict[str, Any]] = []
     try:
         for name in args.case or list(CASES):
             base = CASES[name]
@@ -283,7 +289,15 @@ def main() -> None:
                         raise RuntimeError(runs[batch]["error"])
                     return bool(runs[batch]["fits"])
 
-                measured = edge(measured_fits, predicted)
+                try:
+                    measured = edge(measured_fits, predicted)
+                except RuntimeError as exc:  # one case's failure does not end the others
+                    row = {"case": name, "card": label, "error": str(exc)[:500]}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+                    lines.write(json.dumps(row) + "\n")
+                    lines.flush()
+                    continue
                 row = {
                     "case": name,
                     "card": label,
@@ -300,9 +314,11 @@ def main() -> None:
                     row["measured_allocated"] = measured_runs[measured]["peak_allocated"]
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+                lines.write(json.dumps(row) + "\n")
+                lines.flush()
     finally:
         trials.close()
-    args.out.mkdir(parents=True, exist_ok=True)
+        lines.close()
     (args.out / "fit_edge.json").write_text(json.dumps(rows, indent=1))
     print()
     print(f"whole card: the allocator may reserve {card / GiB:.2f} GiB")
@@ -312,6 +328,9 @@ def main() -> None:
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
+        if "error" in r:
+            print(f"| {r['case']} | {r['card']} | error: {r['error'][:80]} |  |  |  |  |  |")
+            continue
         if "measured_reserved" in r:
             p, m = r["predicted_reserved"], r["measured_reserved"]
             figures = f"{p / GiB:.2f} | {m / GiB:.2f} | {(p - m) / m:+.1%}"

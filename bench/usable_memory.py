@@ -112,19 +112,27 @@ def main() -> None:
         print(json.dumps(probe(args.probe)))
         return
     figures: dict[str, Any] = {}
+    args.out.mkdir(parents=True, exist_ok=True)
     for kind in ("largest", "filled", "cublas"):
         done = subprocess.run(
             [sys.executable, "-m", "bench.usable_memory", "--probe", kind],
             capture_output=True,
             text=True,
-            check=True,
         )
-        figures.update(json.loads(done.stdout.strip().splitlines()[-1]))
+        lines = done.stdout.strip().splitlines()
+        if done.returncode != 0 or not lines or not lines[-1].startswith("{"):
+            figures.setdefault("errors", {})[kind] = (done.stderr or done.stdout)[-2000:]
+        else:
+            figures.update(json.loads(lines[-1]))
+        # written after every probe: what was measured survives a later probe's failure
+        (args.out / "usable_memory.json").write_text(json.dumps(figures, indent=1))
+    if "errors" in figures:
+        print(json.dumps(figures["errors"], indent=1), file=sys.stderr)
+        raise SystemExit(1)
     total = figures["total"]
     figures["context_and_driver"] = (
         total - figures["free_after_init"] - figures["reserved_after_init"]
     )
-    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "usable_memory.json").write_text(json.dumps(figures, indent=1))
     print(json.dumps(figures))
     print()

@@ -80,13 +80,20 @@ def submit_many(client: httpx.Client, n: int, seconds: float) -> list[str]:
     return [client.post("/v1/experiments", json=spec).json()["id"] for _ in range(n)]
 
 
-def busy_worker(client: httpx.Client, name: str, killed: set[str], seconds: float = 60) -> str:
-    """Wait until a live worker of that name, not one already killed, is running one."""
+def busy_worker(
+    client: httpx.Client, name: str, killed: set[str], seconds: float = 120
+) -> str | None:
+    """Wait until a live worker of that name, not one already killed, is running one;
+    ``None`` once nothing waits in the queue any more (on a busy machine the other worker may
+    have run them all while this one was starting)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         for w in client.get("/v1/workers").json():
             if w["name"] == name and w["id"] not in killed and w["state"] == "busy":
                 return str(w["id"])
+        queued = client.get("/v1/experiments", params={"status": "queued", "limit": 1}).json()
+        if not queued["items"]:
+            return None
         time.sleep(0.05)
     raise AssertionError(f"worker {name} never got busy")
 
@@ -102,10 +109,14 @@ def test_workers_killed_mid_experiment_lose_nothing(service: Service) -> None:
         # Long enough that a kill seen "busy" lands inside an experiment, not between two.
         ids = submit_many(client, 12, seconds=1.5)
         for _ in range(3):
-            killed.add(busy_worker(client, "doomed", killed))
+            busy = busy_worker(client, "doomed", killed)
+            if busy is None:
+                break
+            killed.add(busy)
             kill_group(service.workers[1])
             service.workers[1] = service.start_worker("doomed")
         done = finished(client, ids)
+    assert killed, "the doomed worker was never seen running one"
     statuses = [e["status"] for e in done]
     assert statuses == ["succeeded"] * len(ids), service.log_tail()
     assert all(e["result"]["memory"]["allocated_after"] >= 4096 for e in done)
