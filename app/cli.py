@@ -155,7 +155,7 @@ def _stop_if_worker_dies(
 def cmd_token(args: argparse.Namespace) -> int:
     from app.access import tokens as auth
     from app.core.db import Database
-    from app.models.base import utcnow
+    from app.tables.base import utcnow
 
     db = Database(get_settings().database_url)
     try:
@@ -210,6 +210,10 @@ def build_parser() -> argparse.ArgumentParser:
     from workers import cli as worker_cli  # the worker's command lives on its side
 
     worker_cli.add_parser(sub)
+
+    from app.experiments import predictor_service  # its children need torch; it does not
+
+    predictor_service.add_parser(sub)
 
     p = sub.add_parser("migrate", help="upgrade the database schema (Alembic)")
     p.set_defaults(func=cmd_migrate)

@@ -31,7 +31,6 @@ from app.experiments import predictor as predictor_service
 from app.figures import endpoints as results
 from app.fits import endpoints as fits
 from app.fits import engine as fit_engine
-from app.models.base import utcnow
 from app.presets import endpoints as presets
 from app.queue import endpoints as worker_protocol
 from app.queue import reaper
@@ -39,6 +38,7 @@ from app.queue import workers_endpoints as workers
 from app.snapshots import endpoints as snapshots
 from app.snapshots.admission import Admission
 from app.sweeps import endpoints as sweeps
+from app.tables.base import utcnow
 from app.traces import endpoints as traces
 from app.ui import endpoints as ui
 

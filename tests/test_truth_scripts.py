@@ -49,13 +49,15 @@ def test_every_gpu_case_is_a_spec_vramlab_accepts() -> None:
 )
 def test_the_plain_script_counts_what_the_worker_counts(params: dict[str, Any]) -> None:
     from tests.workers.conftest import build_spec
+    from vramlab.runspec import RunSpec
     from workers.runner import Runner
 
     truth = plain(params)
     runner = Runner()
     runner.start()
     try:
-        outcome = runner.run(build_spec("model", [], params, warmup=0, repeat=1, timeout_s=120.0))
+        spec = build_spec("model", [], params, warmup=0, repeat=1, timeout_s=120.0)
+        outcome = runner.run(RunSpec.from_wire(spec))
     finally:
         runner.close()
     assert outcome.status == "succeeded", outcome.error

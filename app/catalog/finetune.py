@@ -15,10 +15,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from app.catalog.model import CatalogError, Param
+from app.catalog.model import CatalogError
 
 Params = Mapping[str, Any]
 
+# The knobs' names and bounds are ModelParams' fields (vramlab.runspec); here, their rules.
 # Optimizers from bitsandbytes: CUDA only (their kernels have no CPU build here).
 CUDA_OPTIMIZERS = ("adamw-8bit", "paged-adamw-8bit", "paged-adamw")
 PAGED_OPTIMIZERS = ("paged-adamw-8bit", "paged-adamw")
@@ -26,7 +27,6 @@ PAGED_OPTIMIZERS = ("paged-adamw-8bit", "paged-adamw")
 TRANSFORMERS_OPTIMIZERS = ("transformers-adafactor",)
 QUANT_METHODS = ("nf4", "int8")
 COMPUTE_DTYPES = ("bf16", "fp16", "fp32")
-LOSSES = ("default", "liger")
 LORA_DEFAULT = {"r": 8, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"}
 
 # A whole config.json, inline: bounded before anything reads it.
@@ -71,86 +71,6 @@ TRAINER_FIELDS = (
     "optim",
     "max_grad_norm",
 )
-
-PARAMS = (
-    Param(
-        "dropout",
-        "float",
-        "dropout probability of every dropout in the model while training (default: "
-        "the config's own)",
-        default=None,
-        minimum=0.0,
-        maximum=1.0,
-    ),
-    Param(
-        "target_len",
-        "int",
-        "label tokens per sample of a seq2seq training step (default: seq_len)",
-        default=None,
-        minimum=1,
-        maximum=1048576,
-    ),
-    Param(
-        "use_cache",
-        "bool",
-        "keep the KV cache (inference and generate; default: the config's use_cache)",
-        default=None,
-    ),
-    Param(
-        "logits_to_keep",
-        "int",
-        "last positions whose logits the forward makes (inference and generate; 0: all; "
-        "default: all for inference, 1 for generate's prefill)",
-        default=None,
-        minimum=0,
-        maximum=1048576,
-    ),
-    Param(
-        "config_json",
-        "document",
-        "a whole config.json as transformers writes it (model_type inside; `model` may "
-        "then be left out)",
-        default=None,
-    ),
-    Param(
-        "peft",
-        "mapping",
-        'LoRA through peft: {"r", "alpha", "dropout", "target_modules", '
-        '"modules_to_save"}; the base is frozen',
-        default=None,
-    ),
-    Param(
-        "quantization",
-        "mapping",
-        'a quantized base through bitsandbytes (CUDA): {"method": "nf4" | "int8", '
-        '"double_quant", "compute_dtype"}, or "qlora" (nf4, double quantisation, LoRA)',
-        default=None,
-        choices=("qlora",),
-    ),
-    Param(
-        "loss",
-        "choice",
-        "the loss: the model's own, or Liger's fused linear cross-entropy (CUDA)",
-        default="default",
-        choices=LOSSES,
-    ),
-    Param(
-        "max_grad_norm",
-        "float",
-        "clip the gradients' norm before the optimizer's step (Trainer's max_grad_norm)",
-        default=None,
-        minimum=0.0,
-        maximum=1e6,
-    ),
-    Param(
-        "trainer",
-        "mapping",
-        "TrainingArguments fields: " + ", ".join(TRAINER_FIELDS) + "; mapped to the knobs "
-        "(they win over the knobs they set)",
-        default=None,
-    ),
-)
-
 
 # -- config.json ---------------------------------------------------------------------------
 

@@ -5,13 +5,14 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from app.compare.schemas import CompareItem, CompareOut
+from app.core.contract import Result, SnapshotResult
 from app.core.errors import InvalidSpec
 from app.experiments import service as experiments
 from app.experiments import views as experiment_views
 from app.figures.chart import human_bytes
 from app.figures.service import label
-from app.models import Experiment
-from vramlab.contract import MEMORY_KEYS, Figure, Result, SnapshotResult, Status
+from app.tables import Experiment
+from vramlab.contract import MEMORY_KEYS, Figure, Status
 
 MAX_IDS = 10
 

@@ -9,13 +9,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.catalog import CatalogError, get_op, parse_device, plan_spec
-from app.catalog.dtypes import DTYPES
 from app.catalog.families.scenario import SCENARIO
 from app.catalog.scenario.plan import ScenarioPlan, plan_scenario
 from app.core.config import Settings
 from app.core.errors import InvalidSpec
 from app.experiments import predictor as predictor_service
 from app.experiments.spec_schemas import ExperimentSpec
+from vramlab.catalog.dtypes import DTYPES
 from vramlab.contract import Isolation
 from vramlab.units import human_bytes
 
@@ -75,24 +75,47 @@ def _plan(spec: ExperimentSpec, device: str, cache: PlanCache | None) -> _Planne
     return _Planned(params, plan.total_bytes, plan.devices, plan.prediction(device))
 
 
+@dataclass(frozen=True)
+class ModelQuestion:
+    """What the model predictor is asked for a spec (``Predictor.predict``'s arguments)."""
+
+    params: dict[str, Any]
+    device_type: str
+    allocator: dict[str, Any]
+
+
+def model_question(accepted: AcceptedSpec) -> ModelQuestion | None:
+    """The question a model spec accepted without its prediction asks (None: not a model
+    spec); see ``accept(..., predict_models=False)``."""
+    spec = accepted.spec
+    if spec.op != MODEL_OP or spec.device is None:
+        return None
+    device_type = "cpu" if spec.device == "cpu" else "cuda"
+    return ModelQuestion(
+        dict(spec.params), device_type, spec.allocator.model_dump(exclude_none=True)
+    )
+
+
 def _predict_model(
-    spec: ExperimentSpec, params: dict[str, Any], device: str, settings: Settings
+    spec: ExperimentSpec,
+    params: dict[str, Any],
+    device: str,
+    settings: Settings,
+    predicted: predictor_service.ModelPrediction | None,
+    submitter: str,
 ) -> dict[str, Any]:
     """A model spec's predicted peak, categories and caveats (prediction fields), or a
     caveat saying why there is none; 422 when its predicted peak passes the service's cap
-    (unless ``capacity_bytes`` already bounds the run below the cap)."""
+    (unless ``capacity_bytes`` already bounds the run below the cap). ``predicted``: the
+    answer already asked for (an async submit waits for it without a thread)."""
     device_type = "cpu" if device == "cpu" else "cuda"
-    predictor = (
-        predictor_service.shared(settings.model_predict_timeout_s, settings.model_predict_wait_s)
-        if settings.model_predictions
-        else None
-    )
-    if predictor is None:
+    predictor = predictor_service.shared(settings)
+    if predicted is None and predictor is None:
         why = predictor_service.UNAVAILABLE if settings.model_predictions else DISABLED
         return {"caveats": [why]}
     try:
-        answer = predictor.predict(
-            params, device_type, spec.allocator.model_dump(exclude_none=True)
+        answer = predicted or predictor.predict(  # type: ignore[union-attr]
+            params, device_type, spec.allocator.model_dump(exclude_none=True), submitter
         )
     except CatalogError as exc:
         raise InvalidSpec(exc.field, exc.message) from None
@@ -122,9 +145,15 @@ def accept(
     settings: Settings,
     cache: PlanCache | None = None,
     predict_models: bool = True,
+    predicted: predictor_service.ModelPrediction | None = None,
+    submitter: str = predictor_service.INTERNAL,
 ) -> AcceptedSpec:
     """Check a spec against the catalog and the limits; raise InvalidSpec naming every
     field that is wrong (all at once, so a client fixes them in one go).
+
+    A model spec is predicted (its thread waits) for ``submitter``, unless ``predicted``
+    holds the answer already (``model_question`` says what to ask) or ``predict_models``
+    is off (a sweep's points).
 
     ``cache`` lets a sweep plan each distinct scenario once (``plan_steps`` is then 0 for
     the points that reuse a plan).
@@ -186,7 +215,7 @@ def accept(
                 f"which would stop the run first; raise the cap or use a smaller capacity",
             )
         extra = (
-            _predict_model(spec, plan.params, device, settings)
+            _predict_model(spec, plan.params, device, settings, predicted, submitter)
             if predict_models
             else {"caveats": ["not predicted: a sweep's model points are measured only"]}
         )

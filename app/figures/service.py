@@ -12,7 +12,7 @@ from app.core.errors import NotFound
 from app.figures import bands, ticks
 from app.figures.chart import Band, Chart, Label, Line, Mark, Span, human_bytes
 from app.figures.schemas import BlockOut, PeakMoment, PeakOut
-from app.models import Experiment
+from app.tables import Experiment
 from app.traces import replay
 from app.traces import service as traces
 from vramlab.contract import Status

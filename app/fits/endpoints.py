@@ -13,8 +13,8 @@ from app.figures.responses import FIGURE_RESPONSES, FigureFormat, respond
 from app.fits import service as fits
 from app.fits.engine import FitWake
 from app.fits.schemas import FitIn, FitOut, FitPage
-from app.models import Fit
 from app.queue import workers
+from app.tables import Fit
 from vramlab.contract import FitStatus
 
 router = APIRouter(prefix="/v1/fits", tags=["fits"], responses=ERROR_RESPONSES)

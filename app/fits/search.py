@@ -24,10 +24,11 @@ from app.core.config import Settings
 from app.core.errors import InvalidSpec
 from app.experiments.spec_schemas import ExperimentSpec
 from app.experiments.specs import AcceptedSpec, accept
-from vramlab.contract import ErrorType, Status
+from vramlab.contract import FIT_VARIES, ErrorType, Status
+from vramlab.runspec import model_maximum
 
-# Where the catalog bounds a varied param: a fit searches no higher.
-PARAM_MAXIMUM = {"batch_size": 65536, "seq_len": 1048576}
+# Where the catalog bounds a varied param (ModelParams declares it): a fit searches no higher.
+PARAM_MAXIMUM = {vary: model_maximum(vary) or 0 for vary in FIT_VARIES}
 MAX_TRIALS = 64  # per variant: a bisection of the widest range takes about 40
 
 

@@ -24,7 +24,7 @@ from app.figures.chart import Chart, Line
 from app.fits import search as fit_search
 from app.fits.engine import OPEN, FitWake
 from app.fits.schemas import FitIn, FitOut, FitSummary, FitTrial, FitVariant
-from app.models import Experiment, Fit, Worker
+from app.tables import Experiment, Fit, Worker
 from vramlab.contract import FitStatus, Status
 from vramlab.units import human_bytes
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from app.catalog import plan_spec
-from app.catalog.model_zoo import resolve
+from vramlab.catalog.model_zoo import resolve
 
 HERE = Path(__file__).resolve().parent
 MiB = 2**20
@@ -125,6 +125,7 @@ def plain(params: dict[str, Any]) -> dict[str, Any]:
 
 def vramlab(params: dict[str, Any]) -> dict[str, Any]:
     """vramlab's worker (a fresh child) and predictor for the same spec."""
+    from vramlab.runspec import RunSpec
     from workers.models.predict import predict
     from workers.runner import Runner
 
@@ -145,7 +146,7 @@ def vramlab(params: dict[str, Any]) -> dict[str, Any]:
     runner = Runner()
     runner.start()
     try:
-        outcome = runner.run(spec)
+        outcome = runner.run(RunSpec.from_wire(spec))
     finally:
         runner.close()
     out: dict[str, Any] = {"predicted": predict(checked, "cuda")}

@@ -123,6 +123,7 @@ def test_a_4bit_base_holds_half_a_byte_a_weight_and_qlora_trains_only_adapters()
     qlora = predicted(**base, quantization="qlora")
     nf4 = predicted(**base, quantization={"method": "nf4"}, peft={"r": 8})
     assert qlora["categories"]["optimizer_state"] == lora["categories"]["optimizer_state"]
+
     # Double quantisation shrinks the absmax: 4 bytes per 64 weights to about 1.
     def held(p: dict[str, Any]) -> int:  # the packed weights, and their statistics
         return int(p["categories"]["parameters"] + p["categories"]["other"])
@@ -151,6 +152,7 @@ def test_liger_never_holds_the_whole_batchs_logits() -> None:
 )
 @pytest.mark.parametrize("_cuda", [pytest.param(None, marks=needs_cuda())])
 def test_on_a_gpu_the_rules_predict_the_real_libraries(extra: dict[str, Any], _cuda: None) -> None:
+    from vramlab.runspec import RunSpec
     from workers.runner import Runner
 
     params = {**LLAMA, "model": "llama-1b", "config": {"num_hidden_layers": 4}, **extra}
@@ -158,7 +160,7 @@ def test_on_a_gpu_the_rules_predict_the_real_libraries(extra: dict[str, Any], _c
     runner = Runner()
     runner.start()
     try:
-        outcome = runner.run(spec)
+        outcome = runner.run(RunSpec.from_wire(spec))
     finally:
         runner.close()
     assert outcome.status == "succeeded", outcome.error

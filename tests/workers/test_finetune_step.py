@@ -74,7 +74,7 @@ def test_generation_without_a_cache_reruns_the_sequence_and_is_predicted(runner:
 
 
 def test_a_config_json_builds_the_model_it_describes(runner: Runner) -> None:
-    from app.catalog.model_zoo import PRESETS
+    from vramlab.catalog.model_zoo import PRESETS
 
     config_json = {
         "architectures": ["LlamaForCausalLM"],

@@ -125,7 +125,7 @@ def apply_lora(model: torch.nn.Module, lora: Lora, fake: bool = False) -> torch.
         with _replacing_apply() if fake else contextlib.nullcontext():
             return get_peft_model(model, config)
     except ValueError as exc:
-        from app.catalog import CatalogError
+        from vramlab.catalog.errors import CatalogError
 
         raise CatalogError("params.peft", f"peft cannot adapt this model: {exc}") from None
 

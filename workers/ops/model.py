@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from vramlab.runspec import ModelParams
 from workers import sections
 from workers.models import finetune
 from workers.models.build import build
@@ -28,8 +29,14 @@ SECTION = "model.step{step}.{phase}.{n}"  # a phase's section; n counts micro-ba
 MAX_NAMES = 64  # trainable parameters named in a result (blocks' indices already folded)
 
 
+def _model(ctx: OpContext) -> ModelParams:
+    if ctx.model is None:
+        raise ValueError("op 'model' runs a spec with model params")
+    return ctx.model
+
+
 def _setup(ctx: OpContext) -> Inputs:
-    built = build(ctx.params, ctx.device)
+    built = build(_model(ctx), ctx.device)
     ctx.state["built"] = built
     return dict(built.inputs)
 
@@ -40,7 +47,7 @@ def _run(inputs: Inputs, ctx: OpContext) -> Outputs:
     cuda = device.type == "cuda"
     phases: list[dict[str, Any]] = []
     steps: list[dict[str, Any]] = []
-    for step in range(1, int(ctx.params.get("steps", 2)) + 1):
+    for step in range(1, _model(ctx).steps + 1):
         counts: dict[str, int] = {}
 
         @contextmanager
