@@ -336,6 +336,9 @@ class Prediction:
     peak_allocated: int | None = None
     peak_reserved: int | None = None
     categories: Categories | None = None
+    # ...and the device those figures are for ("cuda (H100-class)", "cpu"): a spec that
+    # named no device on a service of CPU workers is predicted for CUDA, and runs on the CPU.
+    predicted_for: str | None = None
 
 
 @contract_type

@@ -254,12 +254,15 @@ Events = list[tuple[int, int]]
 Logged = Events | tuple[tuple[int, Events, int], Events] | None
 
 
-def _phases(params: ModelParams, cuda: bool, logged: bool = False) -> tuple[Phases, Logged]:
+def _phases(
+    params: ModelParams | Mapping[str, Any], cuda: bool, logged: bool = False
+) -> tuple[Phases, Logged]:
     """Each phase's peak by category: traced whole, or for a deep model, traced at shallow
     depths and extended (workers/models/cost.py decides which, or refuses). ``logged``: also
     the allocation log of the build and steps 1 and 2 at the model's full depth (from the
     3-block trace, deepened; traced whole where its blocks do not repeat cleanly and the
     model is shallow enough)."""
+    params = ModelParams.of(params)
     from workers.models.build import config_of
 
     _, config = config_of(params)
@@ -302,10 +305,13 @@ def _deepened(
         return [(e.key, e.nbytes) for e in whole.events]
 
 
-def _extend_stacks(params: ModelParams, cuda: bool, depths: Mapping[str, int]) -> Phases:
+def _extend_stacks(
+    params: ModelParams | Mapping[str, Any], cuda: bool, depths: Mapping[str, int]
+) -> Phases:
     """Stacks of different depths (an encoder and a decoder): traced with every stack at 2
     blocks, then each at 3 in turn, and each phase's categories extended along each stack's
     own line."""
+    params = ModelParams.of(params)
     low, high = SHALLOW
     overrides = params.config_overrides
     base, _ = _trace(params.replace(config={**overrides, **dict.fromkeys(depths, low)}), cuda)
