@@ -15,6 +15,7 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, and_, or_, select, update
 from sqlalchemy.orm import Session
 
+from app.catalog.finetune import PAGED_OPTIMIZERS
 from app.core import cursors, ids
 from app.core.config import Settings
 from app.core.errors import Conflict, InvalidSpec
@@ -73,6 +74,14 @@ def plan(body: FitIn, session: Session, settings: Settings, default_device: str)
     if "capacity_bytes" in params:
         raise InvalidSpec(
             "spec.params.capacity_bytes", "give the capacity as the fit's capacity_bytes"
+        )
+    if params.get("optimizer") in PAGED_OPTIMIZERS or "paged" in str(
+        (params.get("trainer") or {}).get("optim", "")
+    ):
+        raise InvalidSpec(
+            "spec.params.optimizer",
+            "a paged optimizer keeps its state in managed memory, which the allocator's "
+            "counters do not see and a capacity cannot bound: fit searches refuse it",
         )
     gpu = body.requirements.gpu_name
     on_cpu = str(raw["device"]).startswith("cpu")
