@@ -31,14 +31,14 @@ from app.experiments import predictor as predictor_service
 from app.figures import endpoints as results
 from app.fits import endpoints as fits
 from app.fits import engine as fit_engine
-from app.models.base import utcnow
 from app.presets import endpoints as presets
 from app.queue import endpoints as worker_protocol
-from app.queue import reaper
+from app.queue import local_worker, reaper
 from app.queue import workers_endpoints as workers
 from app.snapshots import endpoints as snapshots
 from app.snapshots.admission import Admission
 from app.sweeps import endpoints as sweeps
+from app.tables.base import utcnow
 from app.traces import endpoints as traces
 from app.ui import endpoints as ui
 
@@ -137,6 +137,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # A claim that finds nothing asks the reaper to settle expired leases now.
     app.state.reaper_nudge = reaper.Nudge()
     app.state.fit_wake = fit_engine.FitWake()
+    app.state.local_worker = local_worker.LocalWorker(settings)
     # Signs the web pages' sessions; a random key ends every session when the API restarts.
     app.state.session_key = (
         settings.session_secret.encode() if settings.session_secret else secrets.token_bytes(32)

@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from app.core.config import normalise_database_url  # noqa: E402
-from app.models import Experiment, ExperimentTag, Result  # noqa: E402
+from app.tables import Experiment, ExperimentTag, Result  # noqa: E402
 
 POSTGRES_URL = os.environ.get(
     "VRAMLAB_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"

@@ -50,7 +50,7 @@ def plain_steps(params: dict[str, Any], capacity: int | None) -> dict[str, Any]:
     import torch
     import transformers
 
-    from app.catalog.model_zoo import resolve  # the preset's config (plain data)
+    from vramlab.catalog.model_zoo import resolve  # the preset's config (plain data)
 
     device = torch.device("cuda", 0)
     torch.cuda.init()
@@ -133,7 +133,7 @@ def serve() -> None:
     import torch  # noqa: F401
     import transformers  # noqa: F401
 
-    from app.catalog.model_zoo import resolve  # noqa: F401
+    from vramlab.catalog.model_zoo import resolve  # noqa: F401
 
     fork = multiprocessing.get_context("fork")
     for line in sys.stdin:

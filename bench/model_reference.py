@@ -24,7 +24,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 def main(params: dict[str, Any]) -> dict[str, Any]:
     import transformers
 
-    from app.catalog.model_zoo import resolve  # the preset's config (plain data)
+    from vramlab.catalog.model_zoo import resolve  # the preset's config (plain data)
 
     resolved = resolve(params["model"])
     config = transformers.AutoConfig.for_model(

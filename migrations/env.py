@@ -5,7 +5,7 @@ from sqlalchemy import Connection
 
 from app.core.config import get_settings
 from app.core.db import make_engine
-from app.models import Base
+from app.tables import Base
 
 config = context.config
 target_metadata = Base.metadata

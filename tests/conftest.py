@@ -19,7 +19,7 @@ from sqlalchemy import create_engine, text
 from app.core.config import Settings, normalise_database_url
 from app.core.migrate import upgrade
 from app.main import create_app
-from app.models.base import utcnow
+from app.tables.base import utcnow
 
 POSTGRES_URL = os.environ.get(
     "VRAMLAB_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"

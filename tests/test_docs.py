@@ -5,7 +5,8 @@ from pathlib import Path
 
 from app.catalog.presets.articles import PRESETS
 from app.core.config import Settings
-from vramlab.contract import Environment, ErrorType
+from app.core.contract import Environment
+from vramlab.contract import ErrorType
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,19 +1,22 @@
 """The house's shape, read from the source: the import graph has no circle beyond the ORM
-models, no module imports one of a layer above its own, the worker stands apart from
+tables, no module imports one of a layer above its own, the worker stands apart from
 the server, and the client imports nothing of either."""
 
 import ast
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, ForwardRef, get_args, get_type_hints
+
+from vramlab import runspec
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where each top-level package's source lives.
 SOURCES = {"app": ROOT / "app", "workers": ROOT / "workers", "vramlab": ROOT / "client" / "vramlab"}
-# The ORM models refer to each other (relationships): the one circle allowed.
-MODELS = "app.models"
+# The ORM tables refer to each other (relationships): the one circle allowed.
+TABLES = "app.tables"
 # The layers, bottom up; a module may import its own layer and those below.
-CONTRACT, CORE, MODELS_LAYER, CATALOG, DOMAIN, HTTP_SHELL, ENDPOINTS = range(7)
+CONTRACT, CORE, TABLES_LAYER, CATALOG, DOMAIN, HTTP_SHELL, ENDPOINTS = range(7)
 
 
 def _modules() -> dict[str, Path]:
@@ -66,7 +69,7 @@ def _layer(module: str) -> int:
         return ENDPOINTS
     if module == "app.api.health" or module.endswith("_endpoints"):
         return ENDPOINTS
-    return {"core": CORE, "models": MODELS_LAYER, "catalog": CATALOG, "api": HTTP_SHELL}.get(
+    return {"core": CORE, "tables": TABLES_LAYER, "catalog": CATALOG, "api": HTTP_SHELL}.get(
         head, DOMAIN
     )
 
@@ -106,8 +109,8 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
-def test_no_circle_beyond_the_orm_models() -> None:
-    circles = [c for c in _cycles(_graph()) if not all(m.startswith(MODELS) for m in c)]
+def test_no_circle_beyond_the_orm_tables() -> None:
+    circles = [c for c in _cycles(_graph()) if not all(m.startswith(TABLES) for m in c)]
     assert circles == []
 
 
@@ -118,7 +121,10 @@ def test_no_module_imports_a_layer_above_its_own() -> None:
 
 
 def test_the_worker_stands_apart_from_the_server() -> None:
-    allowed = ("workers", "vramlab", "app.catalog")
+    """workers/ imports nothing of app/: what it needs of the catalog (dtypes, devices,
+    the model zoo) is the client package's (vramlab.catalog), so a worker installs
+    without the server."""
+    allowed = ("workers", "vramlab")
     graph = _graph()
     reaching = {
         (a, b)
@@ -150,3 +156,71 @@ def test_the_layout_check_sees_a_circle_and_an_upward_import() -> None:
     }
     assert _cycles(made_up) == [["app.fits.endpoints", "app.fits.service"]]
     assert _layer("app.fits.endpoints") > _layer("app.fits.service") > _layer("app.core.db")
+
+
+# What names a run spec (or its typed parts) where workers/ holds it. The ops of the
+# registry (workers/ops/) read their own op's params, which the catalog declares per op,
+# and a scenario reads its steps: those are the op's data, not the run spec's fields.
+SPEC_NAMES = {"spec", "run_spec", "run", "model_params"}
+OP_PARAM_MODULES = ("workers/ops/", "workers/scenario.py")
+
+
+def _spec_key_reads(source: str, path: str) -> list[str]:
+    """Where ``source`` reads a run spec by string key: ``spec["op"]``, ``spec.get("x")``,
+    and outside the op registry ``params["x"]`` / ``params.get("x")`` too."""
+    names = set(SPEC_NAMES)
+    if not path.startswith(OP_PARAM_MODULES):
+        names.add("params")
+
+    def spec_like(node: ast.expr) -> bool:
+        if isinstance(node, ast.Name):
+            return node.id in names
+        return isinstance(node, ast.Attribute) and node.attr in names
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Subscript) and spec_like(node.value):
+            if isinstance(node.slice, ast.Constant) and isinstance(node.slice.value, str):
+                found.append(f"{path}:{node.lineno}")
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "get"
+            and spec_like(node.func.value)
+        ):
+            found.append(f"{path}:{node.lineno}")
+    return found
+
+
+def test_the_worker_reads_the_run_spec_by_attribute_not_by_key() -> None:
+    found = []
+    for path in sorted((ROOT / "workers").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        found += _spec_key_reads(path.read_text(), rel)
+    assert found == []
+
+
+def test_the_spec_key_check_sees_a_key_read() -> None:
+    made_up = 'x = spec["op"]\ny = spec.get("trace", "events")\nz = params.get("seq_len")\n'
+    assert len(_spec_key_reads(made_up, "workers/runner.py")) == 3
+    assert len(_spec_key_reads('n = ctx.params["width"]\n', "workers/ops/modules.py")) == 0
+
+
+def _loose(tp: object) -> bool:
+    """Whether a type is ``Any`` or holds it (``dict[str, Any]``...)."""
+    if tp is Any:
+        return True
+    return any(_loose(arg) for arg in get_args(tp) if not isinstance(arg, str | ForwardRef))
+
+
+def test_the_run_spec_is_typed_all_the_way_down() -> None:
+    """No field of the run spec or its parts is ``Any`` or a ``dict[str, Any]``: op params
+    and a scenario's steps are JSON data, a model's config overrides a mapping of JSON."""
+    loose = [
+        f"{cls.__name__}.{name}"
+        for cls in (runspec.RunSpec, runspec.ModelParams, runspec.AllocatorSettings)
+        for name, tp in get_type_hints(cls).items()
+        if _loose(tp)
+    ]
+    assert loose == []
+    assert _loose(dict[str, Any]) and not _loose(runspec.OpParams)

@@ -8,7 +8,7 @@ from sqlalchemy import create_engine, inspect, text
 
 from app.core.config import normalise_database_url
 from app.core.migrate import alembic_config
-from app.models import Base
+from app.tables import Base
 from tests.conftest import LiveServer, make_settings
 from tests.helpers import ADD, submit
 from tests.results.trace_data import churn, upload

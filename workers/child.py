@@ -25,8 +25,9 @@ import torch
 import torch._dynamo
 import torch.profiler
 
-from vramlab import contract
-from vramlab.contract import ErrorType, Isolation, Status
+from vramlab import contract, wire
+from vramlab.contract import ErrorType, Status
+from vramlab.runspec import RunSpec
 from workers import shared
 from workers.device import Prepared, prepare
 from workers.errors import error
@@ -67,8 +68,9 @@ def serve(device: str, conn: Connection) -> None:
             message = conn.recv_bytes()
         except (EOFError, OSError):
             return
-        spec, trace_path, t0_ns, handed_at = json.loads(message)
-        if spec.get("isolation") != Isolation.SHARED or prepared.error is not None:
+        spec_wire, trace_path, t0_ns, handed_at = json.loads(message)
+        spec = RunSpec.from_wire(spec_wire)
+        if not spec.shared or prepared.error is not None:
             main(spec, conn, trace_path, t0_ns, prepared, handed_at)
             return
         if baseline is None:  # before the first experiment: as a fresh process is
@@ -89,7 +91,7 @@ def serve(device: str, conn: Connection) -> None:
 
 
 def main(
-    spec: dict[str, Any],
+    spec: RunSpec | dict[str, Any],
     conn: Connection,
     trace_path: str | None,
     t0_ns: int,
@@ -97,7 +99,8 @@ def main(
     handed_at: float | None = None,
     runs_before: int | None = None,
 ) -> dict[str, Any]:
-    """Run one spec and send its outcome on ``conn``; return what was sent.
+    """Run one spec (a RunSpec, or its wire form from the runner's arguments) and send
+    its outcome on ``conn``; return what was sent.
     ``runs_before``: in a shared process, how many experiments it ran before this one."""
     # Everything inherited from the forkserver (torch's modules) is long-lived: freezing it
     # keeps the collector from scanning it (a gc.collect() here took 0.17 s otherwise).
@@ -107,11 +110,14 @@ def main(
         # perf_counter is CLOCK_MONOTONIC, one clock for every process of the host.
         stages.times["handoff"] = stages.last - handed_at
     try:
+        if not isinstance(spec, RunSpec):
+            spec = RunSpec.from_wire(spec)
         payload = run_experiment(
             spec, Path(trace_path) if trace_path else None, t0_ns, prepared, stages, runs_before
         )
         # What the API will accept, checked here: a field nobody declared is our bug.
-        payload = contract.Outcome.model_validate(payload).wire()
+        payload = wire.dump(payload)
+        wire.load(contract.Outcome, payload)
     except BaseException as exc:  # a bug of ours: report it rather than die silently
         message = (str(exc) or type(exc).__name__)[: contract.MAX_ERROR_MESSAGE_CHARS]
         payload = {

@@ -8,8 +8,9 @@ from typing import Any
 
 import torch
 
-from app.catalog import CatalogError
+from vramlab.catalog.errors import CatalogError
 from vramlab.contract import ErrorType
+from vramlab.runspec import RunSpec
 from workers import limits
 from workers.measure import PhaseRecord
 
@@ -56,7 +57,7 @@ def error(
 
 
 def classify(
-    exc: BaseException, spec: dict[str, Any], extras: dict[str, Any] | None = None
+    exc: BaseException, spec: RunSpec, extras: dict[str, Any] | None = None
 ) -> dict[str, Any]:
     """Turn an exception raised by PyTorch in an op into one of our error types."""
     message = str(exc)
@@ -68,7 +69,7 @@ def classify(
         failed = error(
             ErrorType.OOM, exc, "use a smaller shape or dtype, or free memory on the device", name
         )
-        device = torch.device(str(spec.get("device", "cpu")))
+        device = torch.device(spec.device)
         if device.type == "cuda":
             # Now, while what the op held is still alive: the allocator as it failed.
             failed["details"]["allocator"] = allocator_snapshot(device)
@@ -106,8 +107,8 @@ def classify(
         exc, RuntimeError | NotImplementedError | TypeError | ValueError | AssertionError
     ):
         hint = (
-            f"op {spec['op']!r} with dtype {spec['dtype']!r} is not supported on "
-            f"{spec['device']!r} by this PyTorch build; the message is PyTorch's own"
+            f"op {spec.op!r} with dtype {spec.dtype!r} is not supported on "
+            f"{spec.device!r} by this PyTorch build; the message is PyTorch's own"
         )
         return error(ErrorType.UNSUPPORTED_ON_DEVICE, exc, hint, name)
     return error(

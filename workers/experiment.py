@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from vramlab.contract import KEEPS_RESULT, ErrorType, Isolation, Status
+from vramlab.runspec import RunSpec
 from workers import allocator, limits, notes, scenario, sections
 from workers.device import Prepared, apply_allocator, prepare
 from workers.errors import classify, error, oom_details
@@ -37,7 +38,7 @@ class Stages:
 
 
 def run_experiment(
-    spec: dict[str, Any],
+    spec: RunSpec,
     trace_path: Path | None,
     t0_ns: int,
     prepared: Prepared | None = None,
@@ -46,10 +47,10 @@ def run_experiment(
 ) -> dict[str, Any]:
     stages = stages or Stages()
     sections.restore({})  # a shared process ran other experiments' sections before
-    device = torch.device(spec["device"])
+    device = torch.device(spec.device)
     if prepared is not None and prepared.device != str(device):
         raise RuntimeError(f"a spare prepared for {prepared.device} got a {device} spec")
-    alloc_conf = apply_allocator(spec.get("allocator") or {})
+    alloc_conf = apply_allocator(spec.allocator.settings())
     if prepared is None:
         prepared = prepare(device)
         stages.mark("init_device")
@@ -63,12 +64,10 @@ def run_experiment(
     init_rss = prepared.init_rss
     limits.apply(spec, device)  # the service's byte cap, held from here to the end
     meter = Meter(device)
-    tracer = make_tracer(
-        str(device), spec.get("trace", "events"), t0_ns, allocator.backend_of(alloc_conf)
-    )
+    tracer = make_tracer(str(device), spec.trace, t0_ns, allocator.backend_of(alloc_conf))
     tracer.start()
     stages.mark("tracer_start")
-    is_scenario = spec["op"] == "scenario"
+    is_scenario = spec.is_scenario
     if is_scenario:
         body = Body()
         body.steps, body.error, body.watched, body.held = scenario.execute(
@@ -90,7 +89,7 @@ def run_experiment(
             spec, meter.phases, body.inputs, body.outputs, body.timing, trace, alloc_conf
         )
         stages.mark("result")
-        if body.error is None and op_for(spec["op"], spec.get("params") or {}).probe:
+        if body.error is None and op_for(spec.op, spec.params).probe:
             body.watched = watch_once(spec, body, device)
         stages.mark("copy_watch")
         names = [o["name"] for o in result["outputs"]]
@@ -129,7 +128,7 @@ def run_experiment(
     result["notes"] += model_report.notes(result, spec)
     stages.mark("notes")
     count = 0
-    if spec.get("trace", "events") == "none":
+    if not spec.traced:
         # The CPU profiler ran for the figures, but nothing was asked to be kept.
         result["trace"] = {"source": "none", "events": 0, "truncated": False}
     elif trace_path is not None:

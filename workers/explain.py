@@ -9,11 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from vramlab.contract import ErrorType
+from vramlab.runspec import RunSpec
 
 MiB = 2**20
 
 
-def extra(spec: dict[str, Any], result: dict[str, Any], error: dict[str, Any] | None) -> list[str]:
+def extra(spec: RunSpec, result: dict[str, Any], error: dict[str, Any] | None) -> list[str]:
     details = result.get("details") or {}
     out: list[str] = []
     out += _caveats(result)
@@ -86,7 +87,7 @@ def _modules(details: dict[str, Any]) -> list[str]:
     return notes
 
 
-def _views(spec: dict[str, Any], result: dict[str, Any]) -> list[str]:
+def _views(spec: RunSpec, result: dict[str, Any]) -> list[str]:
     notes = []
     for out in result.get("outputs") or []:
         storage = out.get("storage_bytes")
@@ -110,10 +111,10 @@ def _views(spec: dict[str, Any], result: dict[str, Any]) -> list[str]:
     return notes
 
 
-def _placement(spec: dict[str, Any], placement: dict[str, Any]) -> list[str]:
+def _placement(spec: RunSpec, placement: dict[str, Any]) -> list[str]:
     notes = []
     for copy in placement.get("host_device_copies") or []:
-        expected = spec["op"] in ("to", "scenario")
+        expected = spec.op in ("to", "scenario")
         notes.append(
             f"{copy['op']} copied {copy['bytes']:,} bytes {copy['from']} -> {copy['to']} in "
             f"{copy['calls']} call(s)"
@@ -124,7 +125,7 @@ def _placement(spec: dict[str, Any], placement: dict[str, Any]) -> list[str]:
             )
         )
     cpu_ops = placement.get("cpu_ops_in_cuda_experiment") or {}
-    if cpu_ops and spec["op"] != "scenario":
+    if cpu_ops and not spec.is_scenario:
         names = ", ".join(list(cpu_ops)[:6])
         notes.append(
             f"Work ran on the CPU in a CUDA experiment ({names}): a tensor or parameter left "
@@ -139,7 +140,7 @@ def _placement(spec: dict[str, Any], placement: dict[str, Any]) -> list[str]:
             f"capturable=True), not a tensor left behind."
         )
     params = placement.get("parameters") or {}
-    if params and str(spec["device"]).startswith("cuda"):
+    if params and spec.device.startswith("cuda"):
         on_cpu = [k for k, d in params.items() if d == "cpu"]
         if on_cpu:
             notes.append(f"Parameters left on the CPU: {', '.join(on_cpu)}.")
@@ -164,9 +165,7 @@ def _dtype_support(details: dict[str, Any]) -> list[str]:
     return notes
 
 
-def _mismatch(
-    spec: dict[str, Any], details: dict[str, Any], error: dict[str, Any] | None
-) -> list[str]:
+def _mismatch(spec: RunSpec, details: dict[str, Any], error: dict[str, Any] | None) -> list[str]:
     if error is not None and error["type"] == ErrorType.DEVICE_MISMATCH:
         devices = details.get("input_devices") or error["details"].get("input_devices") or {}
         where = ", ".join(f"{k} on {v}" for k, v in devices.items())

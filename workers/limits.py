@@ -29,6 +29,7 @@ import psutil
 import torch
 
 from vramlab.contract import ErrorType
+from vramlab.runspec import RunSpec
 from vramlab.units import human_bytes
 
 # Room past the cap on the CPU for what the child needs besides the experiment's tensors
@@ -56,24 +57,20 @@ class Limit:
 _active: Limit | None = None
 
 
-def apply(spec: dict[str, Any], device: torch.device) -> Limit | None:
+def apply(spec: RunSpec, device: torch.device) -> Limit | None:
     """Limit this child to the spec's ``memory_limit_bytes`` (absent: no limit)."""
     global _active
     release()  # a shared child runs spec after spec: each starts from no limit
-    cap = spec.get("memory_limit_bytes")
+    cap = spec.memory_limit_bytes
     capacity = capacity_of(spec)
-    if (
-        capacity is not None
-        and device.type == "cuda"
-        and (not isinstance(cap, int) or capacity < cap)
-    ):
+    if capacity is not None and device.type == "cuda" and (cap is None or capacity < cap):
         cap = capacity
     else:
         capacity = None
-    if not isinstance(cap, int) or isinstance(cap, bool) or cap <= 0:
+    if cap is None or cap <= 0:
         return None
     limit = Limit(cap, capacity=capacity)
-    devices = {str(device), *((spec.get("prediction") or {}).get("devices") or [])}
+    devices = {str(device), *spec.planned_devices}
     cuda = sorted({torch.device(d).index or 0 for d in devices if d.startswith("cuda")})
     if cuda:
         for index in cuda:
@@ -104,17 +101,17 @@ def apply(spec: dict[str, Any], device: torch.device) -> Limit | None:
     return limit
 
 
-def capacity_of(spec: dict[str, Any]) -> int | None:
+def capacity_of(spec: RunSpec) -> int | None:
     """A model experiment's emulated card, in bytes (None: the whole device)."""
-    value = (spec.get("params") or {}).get("capacity_bytes") if spec.get("op") == "model" else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+    value = spec.capacity_bytes
+    return value if value is not None and value > 0 else None
 
 
-def past_capacity(spec: dict[str, Any], peak: int) -> dict[str, Any] | None:
+def past_capacity(spec: RunSpec, peak: int) -> dict[str, Any] | None:
     """On the CPU the emulated card is judged after the run: a peak past it is an ``oom``
     (the run itself is held only by the service's cap, to keep the host safe)."""
     capacity = capacity_of(spec)
-    if capacity is None or peak <= capacity or str(spec.get("device")) != "cpu":
+    if capacity is None or peak <= capacity or spec.device != "cpu":
         return None
     return {
         "type": ErrorType.OOM.value,
@@ -145,14 +142,14 @@ def release() -> None:
         resource.setrlimit(resource.RLIMIT_DATA, (limit.cpu_previous, hard))
 
 
-def explain(exc: BaseException, spec: dict[str, Any]) -> dict[str, Any] | None:
+def explain(exc: BaseException, spec: RunSpec) -> dict[str, Any] | None:
     """A ``memory_limit`` error if this allocation failure is the cap's doing, else None."""
     limit = _active
     if limit is None:
         return None
     message = str(exc)
     requested = _requested(message)
-    device = torch.device(str(spec.get("device", "cpu")))
+    device = torch.device(spec.device)
     details: dict[str, Any] = {
         "exception": type(exc).__name__,
         "limit_bytes": limit.cap,

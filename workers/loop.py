@@ -36,14 +36,15 @@ from pathlib import Path
 from typing import Any
 
 from vramlab.contract import MAX_REPORT_BATCH, Status
+from vramlab.runspec import RunSpec
+from vramlab.wire import WireError
 from workers.alive import CALL_S, RUN_SLACK_S, Pulse
 from workers.claim_poll import ClaimPoll
 from workers.client import STOP_POLL_S, Refused, UnknownWorker, with_retry
 from workers.leases import Lease, beat_many, beat_one
-from workers.outcome import REPORT_OVERHEAD_BYTES, Limits, refused
+from workers.outcome import REPORT_OVERHEAD_BYTES, Limits, refused, unreadable_spec
 from workers.pacing import PACE_BELOW_S, ClaimTurns, Pending, ReportGroup
 from workers.reporter import Reporter
-from workers.runner import DEFAULT_TIMEOUT_S
 from workers.seams import ClientLike, RunnerLike
 
 log = logging.getLogger("vramlab.worker")
@@ -249,20 +250,25 @@ class WorkerLoop:
             lease.done.set()
             beat.join()
 
-    def _run(self, lease: Lease, spec: dict[str, Any]) -> dict[str, Any] | None:
+    def _run(self, lease: Lease, claimed_spec: dict[str, Any]) -> dict[str, Any] | None:
         """Run one claimed experiment and upload its trace: the report to send, or None
         when there is none (the lease was lost, or an abort gave the experiment back)."""
+        try:
+            spec = RunSpec.from_wire(claimed_spec)
+        except WireError as exc:  # an API of another release: say so, run nothing
+            log.error("%s: the claimed spec does not fit this worker's contract", lease.exp_id)
+            return unreadable_spec(exc)
         log.info(
             "running %s: %s %s %s on %s",
             lease.exp_id,
-            spec["op"],
-            spec["shape"],
-            spec["dtype"],
-            spec["device"],
+            spec.op,
+            list(spec.shape),
+            spec.dtype,
+            spec.device,
         )
         work_dir = Path(tempfile.mkdtemp(prefix="vramlab-"))
         # However long the experiment, the runner ends it at its time limit.
-        limit = float(spec.get("timeout_s") or DEFAULT_TIMEOUT_S)
+        limit = spec.timeout_s
         self.pulse.due(self, limit + self.run_slack_s)
         try:
             outcome = self.runner.run(

@@ -18,6 +18,7 @@ from typing import Any
 import psutil
 import torch
 
+from vramlab import wire
 from vramlab.contract import Phase
 from workers import sections
 from workers.tracer import Event
@@ -66,7 +67,7 @@ class PhaseRecord:
             pinned_host_end=self.end.pinned_host,
             wall_s=self.wall_s,
         )
-        return phase.model_dump()
+        return dict(wire.dump(phase))
 
 
 class Meter:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from vramlab.contract import SHARED_PROCESS_FIGURES, ErrorType, MemoryFigures, Prediction
+from vramlab.runspec import RunSpec
 from workers import explain
 from workers.tracer import Event
 
@@ -17,7 +18,7 @@ SMALL_BLOCK = MiB  # the caching allocator serves blocks up to 1 MiB from 2 MiB 
 
 
 def write(
-    spec: dict[str, Any],
+    spec: RunSpec,
     result: dict[str, Any],
     mem: MemoryFigures,
     events: list[Event],
@@ -27,14 +28,14 @@ def write(
 ) -> list[str]:
     """Notes on ``result``, whose figures are ``mem``; ``runs_before`` says how many
     experiments a shared process ran before this one (None: a clean process)."""
-    cuda = str(spec["device"]).startswith("cuda")
+    cuda = spec.device.startswith("cuda")
     return _body_notes(spec, result, mem, events, error, init_rss, cuda) + _shared_notes(
         runs_before, cuda, mem
     )
 
 
 def _body_notes(
-    spec: dict[str, Any],
+    spec: RunSpec,
     result: dict[str, Any],
     mem: MemoryFigures,
     events: list[Event],
@@ -42,7 +43,7 @@ def _body_notes(
     init_rss: tuple[int, int] | None,
     cuda: bool,
 ) -> list[str]:
-    pred = Prediction.model_validate(spec["prediction"]) if spec.get("prediction") else None
+    pred = spec.prediction
     notes: list[str] = []
     if error is not None:
         phases = result["phases"] or result.get("steps") or []
@@ -60,12 +61,12 @@ def _body_notes(
                 f"{mem.allocated_after:,} allocated and {mem.reserved_after:,} reserved."
             )
         notes += explain.extra(spec, result, error)
-        if spec["op"] == "scenario":
+        if spec.is_scenario:
             notes += explain.scenario(result, cuda)
         return notes + (_context_notes(mem, init_rss) if cuda else [])
-    if spec["op"] == "scenario":
+    if spec.is_scenario:
         notes += explain.scenario(result, cuda)
-    elif spec["op"] != "model":  # a model's prediction is its step's peak (models/report.py)
+    elif not spec.is_model:  # a model's prediction is its step's peak (models/report.py)
         notes += _prediction_notes(spec, result, mem, events, pred, cuda)
     notes += _pool_notes(spec, mem, cuda)
     notes += explain.extra(spec, result, error)
@@ -128,7 +129,7 @@ def _shared_notes(runs_before: int | None, cuda: bool, mem: MemoryFigures) -> li
 
 
 def _prediction_notes(
-    spec: dict[str, Any],
+    spec: RunSpec,
     result: dict[str, Any],
     mem: MemoryFigures,
     events: list[Event],
@@ -162,7 +163,7 @@ def _prediction_notes(
             if kept
             else ""
         )
-        if cuda and spec["op"] == "matmul":
+        if cuda and spec.op == "matmul":
             notes.append(
                 f"delta_allocated is {delta:,} bytes, {extra:,} ({extra / MiB:.2f} MiB) more than "
                 f"predicted: cuBLAS's workspace. On the first cuBLAS call in a process PyTorch "
@@ -200,7 +201,7 @@ def _prediction_notes(
     return notes
 
 
-def _pool_notes(spec: dict[str, Any], mem: MemoryFigures, cuda: bool) -> list[str]:
+def _pool_notes(spec: RunSpec, mem: MemoryFigures, cuda: bool) -> list[str]:
     if not cuda:
         return [
             "On the CPU there is no caching allocator: reserved is reported equal to "
@@ -210,7 +211,7 @@ def _pool_notes(spec: dict[str, Any], mem: MemoryFigures, cuda: bool) -> list[st
     reserved, allocated = mem.reserved_after, mem.allocated_after
     if reserved <= allocated:
         return []
-    expandable = bool((spec.get("allocator") or {}).get("expandable_segments"))
+    expandable = bool(spec.allocator.expandable_segments)
     how = (
         "with expandable_segments it maps memory into growing segments in 2 MiB pages"
         if expandable
@@ -224,10 +225,9 @@ def _pool_notes(spec: dict[str, Any], mem: MemoryFigures, cuda: bool) -> list[st
     ]
 
 
-def _transfer_notes(spec: dict[str, Any], result: dict[str, Any], mem: MemoryFigures) -> list[str]:
-    if spec["op"] != "to":
+def _transfer_notes(spec: RunSpec, result: dict[str, Any], mem: MemoryFigures) -> list[str]:
+    if spec.op != "to":
         return []
-    params = spec.get("params") or {}
     timing = result.get("timing") or {}
     notes: list[str] = []
     if not result["outputs"] or all(o["is_view_of_input"] for o in result["outputs"]):
@@ -235,13 +235,13 @@ def _transfer_notes(spec: dict[str, Any], result: dict[str, Any], mem: MemoryFig
             "Tensor.to with the same device and dtype (and copy=False) returns the "
             "source tensor itself: no copy, no new bytes."
         )
-    if params.get("pin_memory"):
+    if spec.pin_memory:
         notes.append(
             "The source is in page-locked (pinned) host memory from PyTorch's pinned "
             "host allocator, which caches blocks like the CUDA allocator: the copy can "
             "be asynchronous (non_blocking) and runs at the link's full rate."
         )
-    elif params.get("non_blocking") and params.get("source_device", "cpu") == "cpu":
+    elif spec.non_blocking and spec.source_device == "cpu":
         notes.append(
             "non_blocking=True from pageable memory: the driver still stages the copy "
             "through its own pinned buffers, so it is not truly asynchronous."

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from vramlab.runspec import RunSpec
 from workers import sections
 from workers.errors import OpFailure, call, classify
 from workers.measure import Meter
@@ -34,10 +35,9 @@ class Body:
     held: Any = None  # a scenario's named tensors, alive until the figures are read
 
 
-def execute_op(spec: dict[str, Any], device: torch.device, meter: Meter, tracer: Tracer) -> Body:
-    params = spec.get("params") or {}
-    op = op_for(spec["op"], params)
-    ctx = OpContext(tuple(spec["shape"]), torch_dtype(spec["dtype"]), device, params)
+def execute_op(spec: RunSpec, device: torch.device, meter: Meter, tracer: Tracer) -> Body:
+    op = op_for(spec.op, spec.params)
+    ctx = OpContext(spec.shape, torch_dtype(spec.dtype), device, spec.params, model=spec.model)
     body = Body(extras=ctx.extras, ctx=ctx)
     try:
         with meter.phase("setup", tracer.phase("setup")):
@@ -51,12 +51,12 @@ def execute_op(spec: dict[str, Any], device: torch.device, meter: Meter, tracer:
     return body
 
 
-def watch_once(spec: dict[str, Any], body: Body, device: torch.device) -> dict[str, Any] | None:
+def watch_once(spec: RunSpec, body: Body, device: torch.device) -> dict[str, Any] | None:
     """Run the op once more under the copy watcher; None if that run fails."""
     ctx = body.ctx
     if ctx is None:
         return None
-    op = op_for(spec["op"], spec.get("params") or {})
+    op = op_for(spec.op, spec.params)
     watcher = CopyWatcher(device)
     measured = sections.records()  # this extra run must not replace the measured sections
     try:
@@ -72,9 +72,9 @@ def watch_once(spec: dict[str, Any], body: Body, device: torch.device) -> dict[s
 
 
 def run_op(
-    op: Op, inputs: Inputs, ctx: OpContext, spec: dict[str, Any], meter: Meter
+    op: Op, inputs: Inputs, ctx: OpContext, spec: RunSpec, meter: Meter
 ) -> tuple[tuple[torch.Tensor, ...], dict[str, Any]]:
-    warmup, repeat = int(spec.get("warmup", 1)), int(spec.get("repeat", 3))
+    warmup, repeat = spec.warmup, spec.repeat
     if op.runs_once:
         warmup, repeat = 0, 1
     outputs: tuple[torch.Tensor, ...] = ()

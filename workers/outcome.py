@@ -76,6 +76,21 @@ def refused(what: str, why: str, limits: Limits, hint: str = SIZE_HINT) -> dict[
     }
 
 
+def unreadable_spec(exc: ValueError) -> dict[str, Any]:
+    """A failure in place of running a claimed spec this worker cannot read."""
+    return {
+        "status": Status.FAILED,
+        "result": None,
+        "error": {
+            "type": ErrorType.INVALID_SPEC,
+            "message": cut(f"this worker cannot read the claimed spec: {exc}", 2000),
+            "hint": "run a worker of the API's release (vramlab version on both sides)",
+            "details": None,
+        },
+        "trace_events": 0,
+    }
+
+
 def fit_error(error: Mapping[str, Any] | None, limits: Limits) -> dict[str, Any] | None:
     if error is None:
         return None

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from vramlab.contract import MemoryFigures
+from vramlab.runspec import RunSpec
 from workers.measure import PhaseRecord
 from workers.ops import storage_key
 from workers.probe import host_info
@@ -52,7 +53,7 @@ def memory(
 
 
 def build_result(
-    spec: dict[str, Any],
+    spec: RunSpec,
     phases: list[PhaseRecord],
     inputs: dict[str, torch.Tensor],
     outputs: tuple[torch.Tensor, ...],
@@ -64,14 +65,14 @@ def build_result(
     # "before"/"after" bound the op phase; an OOM leaves the last phase reached instead.
     op = by_name.get("op") or (phases[-1] if phases else PhaseRecord("op"))
     input_ptrs = {storage_key(t) for t in inputs.values()}
-    names = [o["name"] for o in (spec.get("prediction") or {}).get("outputs", [])]
+    names = [o.name for o in spec.prediction.outputs] if spec.prediction is not None else []
     out_names = names if len(names) == len(outputs) else [f"out{i}" for i in range(len(outputs))]
     return {
         "memory": memory(op, op, op.allocated_peak, op.reserved_peak),
         "phases": [p.as_dict() for p in phases],
         "timing": timing,
-        "environment": environment(spec["device"], alloc_conf),
-        "prediction": spec.get("prediction"),
+        "environment": environment(spec.device, alloc_conf),
+        "prediction": spec.prediction_wire(),
         "inputs": [describe(n, t, set()) for n, t in inputs.items()],
         "outputs": [describe(n, t, input_ptrs) for n, t in zip(out_names, outputs, strict=True)],
         "notes": [],

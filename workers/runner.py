@@ -41,14 +41,14 @@ from multiprocessing.context import (
 from pathlib import Path
 from typing import Any
 
-from app.catalog.devices import canonical_device
+from vramlab.catalog.devices import canonical_device
 from vramlab.contract import ChildStart, ErrorType, Isolation, Status
+from vramlab.runspec import RunSpec
 from workers import allocator
 from workers.children import Child, SharedPool, reap
 from workers.endings import Outcome, failure, outcome_of, wait
 from workers.launch import preload, spawn
 
-DEFAULT_TIMEOUT_S = 600.0
 PROBE_TIMEOUT_S = 120.0
 SHARED_RUNS = 500  # experiments a shared process serves before it retires
 
@@ -59,13 +59,11 @@ def _never() -> bool:
     return False
 
 
-def _needs_cuda(spec: dict[str, Any]) -> bool:
+def _needs_cuda(spec: RunSpec) -> bool:
     """Whether any tensor of the spec lives on a GPU, or needs one (pinned host memory)."""
-    params = spec.get("params") or {}
     # The catalog's plan names every device (other operands, pinned memory, steps).
-    planned = (spec.get("prediction") or {}).get("devices") or []
-    devices = (str(spec["device"]), str(params.get("source_device") or "cpu"), *planned)
-    return bool(params.get("pin_memory")) or any(str(d).startswith("cuda") for d in devices)
+    devices = (spec.device, spec.source_device, *spec.planned_devices)
+    return spec.pin_memory or any(d.startswith("cuda") for d in devices)
 
 
 class Runner:
@@ -159,14 +157,14 @@ class Runner:
 
     def run(
         self,
-        spec: dict[str, Any],
+        spec: RunSpec,
         *,
         should_cancel: Callable[[], bool] = _never,
         work_dir: Path | None = None,
     ) -> Outcome:
         # The API sends canonical devices ("cuda:0"); a caller may write "cuda".
-        device = canonical_device(str(spec["device"]))
-        spec = {**spec, "device": device}
+        device = canonical_device(spec.device)
+        spec = spec.replace(device=device)
         if self.device == "cpu" and _needs_cuda(spec):
             return Outcome(
                 Status.FAILED,
@@ -180,17 +178,18 @@ class Runner:
                 0,
             )
         trace_path = None
-        if spec.get("trace", "events") != "none":
+        if spec.traced:
             folder = work_dir or Path(tempfile.gettempdir())
             trace_path = folder / f"vramlab-trace-{uuid.uuid4().hex}.ndjson.gz"
-        timeout = float(spec.get("timeout_s") or DEFAULT_TIMEOUT_S)
-        settings = spec.get("allocator") or {}
-        reuse = spec.get("isolation") == Isolation.SHARED
-        if reuse and any(v is not None for v in settings.values()):
+        timeout = spec.timeout_s
+        settings = spec.allocator.settings()
+        reuse = spec.shared
+        if reuse and settings:
             # The API refuses this; a caller of the runner itself gets a clean process.
-            reuse, spec = False, {**spec, "isolation": Isolation.CLEAN}
+            reuse, spec = False, spec.replace(isolation=Isolation.CLEAN)
         with self._sharing(device) as at_once:
-            args = (spec, str(trace_path) if trace_path else None, time.time_ns())
+            # The spec crosses to the child as its wire form (JSON on the pipe).
+            args = (spec.wire(), str(trace_path) if trace_path else None, time.time_ns())
             began = time.perf_counter()
             if reuse:
                 child, start = self._shared_child(device, args)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from vramlab.contract import Prediction
+from vramlab.runspec import RunSpec
 from workers.errors import OpFailure, call, classify
 from workers.measure import Meter, PhaseRecord
 from workers.ops import torch_dtype
@@ -39,8 +39,8 @@ _UNARY: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 
 
 class _Runner:
-    def __init__(self, spec: dict[str, Any], device: torch.device) -> None:
-        self.dtype = spec["dtype"]
+    def __init__(self, spec: RunSpec, device: torch.device) -> None:
+        self.dtype = spec.dtype
         self.device = device
         self.env: Env = {}
 
@@ -130,21 +130,22 @@ def phase_name(index: int, label: str) -> str:
 
 
 def execute(
-    spec: dict[str, Any], device: torch.device, meter: Meter, tracer: Tracer
+    spec: RunSpec, device: torch.device, meter: Meter, tracer: Tracer
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None, dict[str, Any], Env]:
     """Run the steps; return one entry per step, the first error (or None), placement, and
     the named tensors (the caller holds them until the trace stops, so their frees are not
     counted in the last step)."""
     runner = _Runner(spec, device)
-    labels = [s["label"] for s in (spec.get("prediction") or {}).get("steps", [])]
-    stop = (spec.get("params") or {}).get("on_error", "stop") == "stop"
+    planned = spec.prediction.steps if spec.prediction is not None else None
+    labels = [s.label for s in planned or []]
+    stop = spec.stops_on_error
     out: list[dict[str, Any]] = []
     first_error: dict[str, Any] | None = None
     watcher = CopyWatcher(device)
     with watcher:
-        for i, step in enumerate(spec["steps"]):
+        for i, step in enumerate(spec.steps or ()):
             label = step.get("label") or (labels[i] if i < len(labels) else step["do"])
-            name = phase_name(i, label)
+            name = phase_name(i, str(label))
             entry: dict[str, Any] = {"name": name, "do": step["do"], "error": None}
             out.append(entry)
             try:
@@ -160,15 +161,14 @@ def execute(
 
 
 def build_result(
-    spec: dict[str, Any],
+    spec: RunSpec,
     phases: list[PhaseRecord],
     steps: list[dict[str, Any]],
     trace: Trace,
     alloc_conf: str,
 ) -> dict[str, Any]:
     by_name = {p.name: p for p in phases}
-    prediction = spec.get("prediction")
-    predicted = (Prediction.model_validate(prediction).steps if prediction else None) or []
+    predicted = (spec.prediction.steps if spec.prediction is not None else None) or []
     for i, entry in enumerate(steps):
         record = by_name.get(entry["name"])
         if record is not None:
@@ -185,8 +185,8 @@ def build_result(
         "steps": steps,
         "phases": [],
         "timing": {"method": "perf_counter", "wall_s": sum(p.wall_s for p in phases)},
-        "environment": environment(spec["device"], alloc_conf),
-        "prediction": spec.get("prediction"),
+        "environment": environment(spec.device, alloc_conf),
+        "prediction": spec.prediction_wire(),
         "inputs": [],
         "outputs": [],
         "notes": [],

@@ -5,6 +5,8 @@ workers.client.ApiClient over HTTP)."""
 from pathlib import Path
 from typing import Any, Protocol
 
+from vramlab.runspec import RunSpec
+
 
 class OutcomeLike(Protocol):
     status: str
@@ -18,7 +20,7 @@ class RunnerLike(Protocol):
     def start(self) -> None: ...
     def capabilities(self) -> dict[str, Any]: ...
     def run(
-        self, spec: dict[str, Any], *, should_cancel: Any = ..., work_dir: Path | None = None
+        self, spec: RunSpec, *, should_cancel: Any = ..., work_dir: Path | None = None
     ) -> Any: ...
     def close(self) -> None: ...
 

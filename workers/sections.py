@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from vramlab import wire
 from vramlab.contract import SectionFigures
 from workers.tracer import SECTION_PREFIX
 
@@ -55,11 +56,13 @@ def section(name: str, device: torch.device) -> Iterator[None]:
         yield
     finally:
         torch.cuda.synchronize(device)
-        _records[name] = SectionFigures(
-            allocated_start=start,
-            allocated_end=torch.cuda.memory_allocated(device),
-            allocated_peak=torch.cuda.max_memory_allocated(device),
-        ).model_dump()
+        _records[name] = wire.dump(
+            SectionFigures(
+                allocated_start=start,
+                allocated_end=torch.cuda.memory_allocated(device),
+                allocated_peak=torch.cuda.max_memory_allocated(device),
+            )
+        )
 
 
 def fill_cpu(ranges: list[tuple[str, float, float]], events: list[dict[str, Any]]) -> None:
@@ -78,6 +81,6 @@ def fill_cpu(ranges: list[tuple[str, float, float]], events: list[dict[str, Any]
                 peak = max(peak, total)
         if at_start is None:
             at_start = peak = total
-        _records[name.removeprefix(RANGE_PREFIX)] = SectionFigures(
-            allocated_start=at_start, allocated_end=total, allocated_peak=peak
-        ).model_dump()
+        _records[name.removeprefix(RANGE_PREFIX)] = wire.dump(
+            SectionFigures(allocated_start=at_start, allocated_end=total, allocated_peak=peak)
+        )

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from vramlab.contract import ErrorType, Status
+from vramlab.runspec import RunSpec
 from workers import limits
 
 # Failures that are PyTorch refusing an op before it did anything to the device: the
@@ -69,9 +70,9 @@ class Baseline:
         )
 
 
-def retire_after(spec: dict[str, Any], payload: dict[str, Any]) -> str | None:
+def retire_after(spec: RunSpec, payload: dict[str, Any]) -> str | None:
     """Why the way this experiment ended leaves its process unfit to serve another."""
-    if (spec.get("params") or {}).get("cudnn_benchmark"):
+    if spec.cudnn_benchmark:
         # cuDNN keeps what its benchmark chose: a later conv here would skip the trials.
         return "it ran cuDNN's benchmark, whose choices stay in the process"
     if payload.get("status") == Status.SUCCEEDED:

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import torch
 
-from app.catalog.devices import canonical_device
+from vramlab.catalog.devices import canonical_device
 
 PHASES = ("setup", "op", "after")
 MAX_ENTRIES = 1_000_000

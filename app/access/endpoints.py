@@ -18,8 +18,8 @@ from app.access import tokens as auth
 from app.api import origins
 from app.api.deps import SESSION_COOKIE, DatabaseDep, SettingsDep, check_same_site
 from app.core.config import Settings
-from app.models import ApiToken
-from app.models.base import utcnow
+from app.tables import ApiToken
+from app.tables.base import utcnow
 from app.ui.endpoints import TEMPLATES
 
 router = APIRouter(prefix="/ui", include_in_schema=False)

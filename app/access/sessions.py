@@ -15,7 +15,7 @@ from sqlalchemy import bindparam, select
 
 from app.access.tokens import Principal
 from app.core.db import Reader
-from app.models import ApiToken
+from app.tables import ApiToken
 
 _SESSION = re.compile(r"([0-9a-f-]{1,36})\.([0-9]{1,12})\.([0-9a-f]{64})")
 # Columns, not the ORM object: the look-up runs on a session or a Core connection alike.

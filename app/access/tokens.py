@@ -18,7 +18,7 @@ from sqlalchemy.orm import Session
 from app.core.config import Settings
 from app.core.db import Reader
 from app.core.errors import Forbidden, NotFound
-from app.models import ApiToken
+from app.tables import ApiToken
 
 SCOPES = ("read", "submit", "worker", "admin")
 TOKEN_PREFIX = "vl_"

@@ -28,9 +28,9 @@ from app.core.db import Database, Reader
 from app.core.errors import Forbidden, Unauthorized
 from app.core.signals import WorkSignal
 from app.experiments import service as experiments
-from app.models import Experiment
 from app.queue import workers
 from app.queue.reaper import Nudge
+from app.tables import Experiment
 
 READ_METHODS = ("GET", "HEAD", "OPTIONS")
 SESSION_COOKIE = "vramlab_session"

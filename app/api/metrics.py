@@ -17,8 +17,8 @@ from sqlalchemy import func, select
 
 from app.core.config import Settings
 from app.core.db import Database
-from app.models import Experiment
 from app.queue import workers
+from app.tables import Experiment
 from vramlab.contract import Status
 
 

@@ -4,11 +4,11 @@ An op is one entry here (its parameters, dtypes, devices and how to predict its 
 plus one small function in ``workers/ops.py`` that runs it with PyTorch.
 """
 
-from app.catalog.devices import DEVICE_TYPES, parse_device
-from app.catalog.dtypes import DTYPES, FLOATING_DTYPES, itemsize
 from app.catalog.entries import OPS, get_op, plan_spec
 from app.catalog.model import CatalogError, OpEntry, Param, TensorPlan, TensorSpec
 from app.catalog.rounding import CUDA_BLOCK_ROUND, rounded_block_bytes
+from vramlab.catalog.devices import DEVICE_TYPES, parse_device
+from vramlab.catalog.dtypes import DTYPES, FLOATING_DTYPES, itemsize
 
 __all__ = [
     "CUDA_BLOCK_ROUND",

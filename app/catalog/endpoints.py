@@ -7,9 +7,10 @@ from fastapi import APIRouter
 
 from app.api.deps import SettingsDep, require
 from app.catalog import DTYPES, OPS
-from app.catalog.model_zoo import HUB_NAMES, PRESETS, model_types
 from app.catalog.schemas import CatalogOut, ModelCatalogOut, PresetModelOut
 from app.core.config import Settings
+from vramlab.catalog.model_zoo import HUB_NAMES, PRESETS, model_types
+from vramlab.runspec import MAX_DIMS
 
 router = APIRouter(prefix="/v1", tags=["catalog"], dependencies=[require("read")])
 
@@ -50,7 +51,7 @@ def listing(settings: Settings) -> dict[str, Any]:
         "devices": ["cpu", "cuda", "cuda:N"],
         "limits": {
             "max_experiment_bytes": settings.max_experiment_bytes,
-            "max_dims": 8,
+            "max_dims": MAX_DIMS,
             "max_repeat": settings.max_repeat,
             "max_timeout_s": settings.max_timeout_s,
         },

@@ -5,20 +5,18 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any
 
-from app.catalog.devices import canonical_device, parse_device
-from app.catalog.dtypes import COMPLEX_DTYPES, DTYPES, FLOATING_DTYPES, itemsize
 from app.catalog.rounding import rounded_block_bytes
-from vramlab.contract import Prediction, TensorPrediction
-
-MAX_DIMS = 8
-MAX_DIM_SIZE = 2**31 - 1
+from app.core.contract import Prediction, TensorPrediction
+from vramlab.catalog.devices import canonical_device, parse_device
+from vramlab.catalog.dtypes import COMPLEX_DTYPES, DTYPES, FLOATING_DTYPES, itemsize
+from vramlab.catalog.errors import CatalogError
+from vramlab.runspec import MAX_DIM_SIZE, MAX_DIMS, ParamKind
 
 # Dtypes autograd can differentiate (float8 cannot).
 GRAD_DTYPES = tuple(d for d in (*FLOATING_DTYPES, *COMPLEX_DTYPES) if not d.startswith("float8"))
 
-ParamKind = Literal["int", "float", "bool", "shape", "dtype", "device", "choice", "text", "mapping"]
 
 MAX_TEXT = 200
 # A mapping param (a model's config overrides): bounded in keys, nesting and sizes.
@@ -47,15 +45,6 @@ def _check_mapping_value(value: Any, field: str) -> Any:
             out.append(_check_mapping_value(item, f"{field}[{i}]"))
         return out
     raise CatalogError(field, "must be a number, string, bool, null or a list of them")
-
-
-class CatalogError(ValueError):
-    """A spec that the catalog rejects; ``field`` names the part of the spec at fault."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-        self.message = message
 
 
 def check_shape(value: Any, field: str) -> tuple[int, ...]:

@@ -5,8 +5,9 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from app.core.contract import ErrorInfo, Prediction, Result, SnapshotResult
 from app.experiments.spec_schemas import ExperimentSpec
-from vramlab.contract import ErrorInfo, Prediction, Result, SnapshotResult, Status
+from vramlab.contract import Status
 
 
 class ExperimentError(ErrorInfo):

@@ -32,10 +32,10 @@ from app.experiments import views
 from app.experiments.schemas import ExperimentOut, QueueInfo
 from app.experiments.spec_schemas import ExperimentSpec
 from app.experiments.specs import AcceptedSpec
-from app.models import Experiment, ExperimentTag, SubmitterQueue
-from app.models.submitter_queue import OPEN_SUBMITTER
 from app.queue import live_workers, workers
 from app.queue import service as queue
+from app.tables import Experiment, ExperimentTag, SubmitterQueue
+from app.tables.submitter_queue import OPEN_SUBMITTER
 from vramlab.contract import Status
 
 CANCEL_TRIES = 3

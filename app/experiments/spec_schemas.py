@@ -5,10 +5,11 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 from app.core.data import TEXT_PATTERN, DataDict, RequestBody
+from vramlab import runspec as run
 from vramlab.contract import Isolation
 
 Tag = Annotated[str, StringConstraints(min_length=1, max_length=64, pattern=r"^[^\x00-\x1f]+$")]
-Dim = Annotated[int, Field(ge=0, le=2**31 - 1, strict=True)]
+Dim = Annotated[int, Field(ge=0, le=run.MAX_DIM_SIZE, strict=True)]
 
 
 class AllocatorSettings(BaseModel):
@@ -57,23 +58,25 @@ class ExperimentSpec(RequestBody):
 
     op: str = Field(max_length=64, description="an op from GET /v1/catalog")
     shape: list[Dim] = Field(
-        default_factory=list, max_length=8, description="the main tensor's shape; [] for a scenario"
+        default_factory=list,
+        max_length=run.MAX_DIMS,
+        description="the main tensor's shape; [] for a scenario",
     )
     params: DataDict = Field(default_factory=dict, description="the op's parameters")
-    dtype: str = Field(default="float32", max_length=32)
+    dtype: str = Field(default=run.DEFAULT_DTYPE, max_length=32)
     device: str | None = Field(
         default=None,
         max_length=16,
         description="'cpu', 'cuda' or 'cuda:N'; left out, the service picks one that a live "
         "worker offers (CUDA where one can run it, else the CPU) and the experiment records it",
     )
-    warmup: int = Field(default=1, ge=0, le=100, strict=True)
-    repeat: int = Field(default=3, ge=1, strict=True)
-    timeout_s: float = Field(default=120.0, gt=0, strict=True)
+    warmup: int = Field(default=run.DEFAULT_WARMUP, ge=0, le=run.MAX_WARMUP, strict=True)
+    repeat: int = Field(default=run.DEFAULT_REPEAT, ge=1, strict=True)
+    timeout_s: float = Field(default=run.DEFAULT_TIMEOUT_S, gt=0, strict=True)
     allocator: AllocatorSettings = Field(default_factory=AllocatorSettings)
-    trace: Literal["none", "events", "stacks"] = "events"
+    trace: run.TraceMode = run.DEFAULT_TRACE
     isolation: Isolation = Field(
-        default=Isolation.CLEAN,
+        default=run.DEFAULT_ISOLATION,
         description="'clean': a process of its own (the allocator, the CUDA context and every "
         "library start fresh, as in a new program). 'shared': a long-lived worker process "
         "that runs many experiments, emptied and checked before each (allocator empty, stats "

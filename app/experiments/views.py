@@ -3,13 +3,14 @@ run it: built from its row, or from a submit's insert without reading it back.""
 
 from typing import Any
 
+from app.core.contract import Prediction
 from app.core.data import STORED
 from app.experiments import answers
 from app.experiments.schemas import ExperimentError, ExperimentOut, QueueInfo
 from app.experiments.spec_schemas import ExperimentSpec
 from app.experiments.specs import AcceptedSpec
-from app.models import Experiment
-from vramlab.contract import Prediction, Status
+from app.tables import Experiment
+from vramlab.contract import Status
 
 
 def off_prediction(out: ExperimentOut) -> str | None:

@@ -29,14 +29,16 @@ from app.experiments import service as experiments
 from app.experiments.specs import AcceptedSpec
 from app.fits import search as fit_search
 from app.fits.search import Outcome
-from app.models import Experiment, ExperimentTag, Fit
+from app.tables import Experiment, ExperimentTag, Fit
 from vramlab.contract import FitStatus, Status
+from vramlab.runspec import DEFAULT_SEQ_LEN, model_default
 
 log = logging.getLogger("vramlab.fits")
 OPEN = (FitStatus.QUEUED, FitStatus.RUNNING)
 _PENDING = "vramlab_wakes_fits"
 FINAL = ("done", "failed")
-DEFAULT_START = {"batch_size": 1, "seq_len": 128}
+# Where a variant starts when nothing is predicted: the param's own default.
+DEFAULT_START = {"batch_size": model_default("batch_size"), "seq_len": DEFAULT_SEQ_LEN}
 STEPS_PER_ROUND = 16  # one fit cannot hold a round for ever
 
 

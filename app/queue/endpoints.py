@@ -31,11 +31,10 @@ from app.core.config import Settings
 from app.core.db import Database
 from app.core.errors import ERROR_RESPONSES
 from app.core.signals import WorkSignal, wait_for
-from app.experiments import views as experiment_views
-from app.models import Experiment
+from app.queue import local_worker, workers
 from app.queue import service as queue
-from app.queue import workers
 from app.queue.reaper import Nudge
+from app.queue.run_specs import run_spec
 from app.queue.schemas import (
     ClaimedBatch,
     ClaimedExperiment,
@@ -64,20 +63,17 @@ WORKER = [require("worker")]
 WORKER_APART = [require("worker", apart=True)]
 
 
-def spec_for_worker(exp: Experiment, settings: Settings) -> dict[str, object]:
-    # The byte cap goes with the spec: the worker holds the run to it, not only the plan.
-    return {
-        **experiment_views.run_fields(exp),
-        "prediction": exp.prediction,
-        "memory_limit_bytes": settings.max_experiment_bytes,
-    }
-
-
 @router.post("/register", response_model=RegisterResponse, dependencies=WORKER)
 def register(
-    req: RegisterRequest, s: SessionDep, settings: SettingsDep, now: NowDep, who: PrincipalDep
+    request: Request,
+    req: RegisterRequest,
+    s: SessionDep,
+    settings: SettingsDep,
+    now: NowDep,
+    who: PrincipalDep,
 ) -> RegisterResponse:
     worker = workers.register(s, req, now, registered_by=who.id)
+    local_worker.of(request).registered(who)
     return RegisterResponse(
         worker_id=worker.id,
         lease_seconds=settings.lease_seconds,
@@ -110,7 +106,7 @@ def _try_claim(
                     attempt=exp.attempts,
                     lease_token=claim.lease_token,
                     lease_expires_at=exp.lease_expires_at,
-                    spec=spec_for_worker(exp, settings),
+                    spec=run_spec(exp, settings).wire(),
                 )
             )
         return claimed

@@ -22,7 +22,7 @@ from sqlalchemy import Connection, bindparam, event, select
 from sqlalchemy.orm import Session, SessionTransaction
 
 from app.core.db import Reader
-from app.models import Worker
+from app.tables import Worker
 
 CACHE_SECONDS = 1.0
 _CHANGED = "vramlab_workers_changed"

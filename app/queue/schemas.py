@@ -14,9 +14,10 @@ from pydantic import (
 )
 
 from app.core import data
+from app.core.contract import Outcome
 from app.core.data import TEXT_PATTERN, RequestBody
 from vramlab import contract
-from vramlab.contract import Outcome, ReportVerdict, WorkerState
+from vramlab.contract import ReportVerdict, WorkerState
 
 # What a real host can have: the largest GPUs hold under 2 TiB, hosts show at most 16.
 MAX_GPU_MEMORY = 2**41

@@ -34,9 +34,9 @@ from sqlalchemy.orm import Session
 from app.access.tokens import Principal
 from app.core.config import Settings
 from app.core.errors import ApiError, LeaseLost
-from app.models import Experiment, Result, TraceChunk, Worker
 from app.queue import workers
 from app.queue.schemas import LeasedOutcome, ReportItem
+from app.tables import Experiment, Result, TraceChunk, Worker
 from vramlab.contract import ErrorType, ReportVerdict, Status
 
 # Expired leases settled in one statement at most (a round settles them all, in slices).

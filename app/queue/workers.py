@@ -15,9 +15,9 @@ from sqlalchemy.orm import Session
 from app.access.tokens import Principal
 from app.core.db import Reader
 from app.core.errors import NotFound
-from app.models import Experiment, Worker
 from app.queue import live_workers
 from app.queue.schemas import RegisterRequest
+from app.tables import Experiment, Worker
 from vramlab.contract import Status, WorkerState
 
 

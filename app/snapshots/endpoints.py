@@ -26,11 +26,11 @@ from app.experiments import service as experiments
 from app.experiments.spec_schemas import Tag
 from app.figures.responses import FIGURE_RESPONSES, FigureFormat, respond
 from app.figures.schemas import PeakOut
-from app.models import Experiment
 from app.snapshots import service as snapshots
 from app.snapshots import upload as uploads
 from app.snapshots.admission import Admission, submitter
 from app.snapshots.schemas import SnapshotOut, SnapshotPage
+from app.tables import Experiment
 from app.traces import endpoints as trace_routes
 from app.traces import memory_viz
 from app.traces import service as traces

@@ -31,6 +31,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from app.core.contract import SnapshotFigures
 from app.snapshots import recorded, safe_pickle
 from app.snapshots.blocks import Blocks, max_split_size
 from app.snapshots.chunks import ChunkWriter
@@ -42,7 +43,6 @@ from app.snapshots.replay import Replay
 from app.snapshots.segments import summarise_segments
 from app.snapshots.summary import block_out, categorise, counters, plain, plain_dict
 from app.snapshots.walk import Walk
-from vramlab.contract import SnapshotFigures
 
 
 def convert(data: Any, out: Path, per_chunk: int, asked_device: int | None) -> dict[str, Any]:

@@ -33,10 +33,10 @@ from app.figures import bands
 from app.figures import service as figures
 from app.figures.chart import Chart, Label, Line, human_bytes
 from app.figures.service import label
-from app.models import Experiment, ExperimentTag, Result, Snapshot, TraceChunk
 from app.snapshots.categories import telling_frames
 from app.snapshots.schemas import SnapshotOut
 from app.snapshots.upload import SnapshotRefused, Upload
+from app.tables import Experiment, ExperimentTag, Result, Snapshot, TraceChunk
 from app.traces import service as traces
 from vramlab.contract import Status
 

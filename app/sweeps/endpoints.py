@@ -21,7 +21,7 @@ from app.core.db import Database
 from app.core.errors import ERROR_RESPONSES
 from app.experiments.specs import AcceptedSpec
 from app.figures.responses import FIGURE_RESPONSES, FigureFormat, respond
-from app.queue import workers
+from app.queue import local_worker, workers
 from app.sweeps import service as sweeps
 from app.sweeps.schemas import SweepIn, SweepOut
 
@@ -45,7 +45,13 @@ def planned_sweep(
     return body, sweeps.plan(body, settings, default_device)
 
 
-@router.post("", status_code=202, response_model=SweepOut, summary="Queue a grid of experiments")
+@router.post(
+    "",
+    status_code=202,
+    response_model=SweepOut,
+    summary="Queue a grid of experiments",
+    dependencies=[Depends(local_worker.wait_for_it)],
+)
 def create(
     who: Annotated[Principal, require("submit")],
     planned: Annotated[tuple[SweepIn, list[AcceptedSpec]], Depends(planned_sweep)],

@@ -24,15 +24,16 @@ from sqlalchemy.orm import Session
 from app.catalog.scenario.bounds import MAX_PLANNED_STEPS
 from app.core import ids
 from app.core.config import Settings
+from app.core.contract import Result
 from app.core.errors import InvalidSpec
 from app.core.signals import WorkSignal
 from app.experiments import service as experiments
 from app.experiments.spec_schemas import ExperimentSpec
 from app.experiments.specs import AcceptedSpec, PlanCache, accept
 from app.figures.chart import Chart, Line
-from app.models import Experiment, ExperimentTag, Sweep
 from app.sweeps.schemas import SweepIn, SweepOut, SweepRow
-from vramlab.contract import ErrorType, Figure, Result, Status
+from app.tables import Experiment, ExperimentTag, Sweep
+from vramlab.contract import ErrorType, Figure, Status
 
 MAX_POINTS = 1000
 # A sweep's points may together cost the planner what four of the slowest scenarios do.

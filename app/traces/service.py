@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from app.core.config import Settings
 from app.core.errors import ApiError, Conflict, PayloadTooLarge
-from app.models import Experiment, TraceChunk
+from app.tables import Experiment, TraceChunk
 from app.traces import event_columns, viz_records
 from vramlab import contract
 

@@ -1,17 +1,21 @@
 """The API↔worker contract: the names (:mod:`vramlab.names`, re-exported here) and the
 shapes of what a worker reports and the API returns.
 
-Torch-free and web-free (pydantic only): the API (schemas, services, pages, CLI) and the
-worker (loop, runner, result builder) both import it; the client, which needs no
-pydantic, imports :mod:`vramlab.names` alone. The models describe what the worker really
-produces; every field that exists is declared (``extra="forbid"``), so a new figure is
-added here first, and a generated client sees typed results.
+Plain dataclasses (the standard library alone), so the contract imports wherever vramlab's
+client is installed. A field's ``metadata`` holds its bounds and its key on the wire
+(``ge``, ``le``, ``max_length``, ``alias``, ``description``, as pydantic's ``Field``
+spells them). The API validates with pydantic models built from these classes in one
+place (app/core/contract.py); the worker checks what it sends with :mod:`vramlab.wire`.
+Every field that exists is declared (unknown keys are refused), so a new figure is added
+here first, and a generated client sees typed results.
 """
 
-from typing import Any, Literal
+import dataclasses
+from collections.abc import Callable
+from dataclasses import field
+from typing import Any, Literal, TypeVar, dataclass_transform
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
+from vramlab import wire
 from vramlab.names import (
     ALLOCATOR_KEYS,
     CATEGORY_KEYS,
@@ -105,11 +109,26 @@ __all__ = [
 ]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+T = TypeVar("T")
 
 
-class SectionFigures(_Model):
+@dataclass_transform(kw_only_default=True, field_specifiers=(dataclasses.field, field))
+def contract_type(cls: type[T]) -> type[T]:
+    """A class of the contract: a frozen-free, keyword-only dataclass whose unknown keys
+    are refused (``CONTRACT_TYPES`` lists them, in an order where each comes after the
+    classes its fields hold)."""
+    doc = cls.__doc__  # a class without one keeps none (not the signature dataclass writes)
+    made = dataclasses.dataclass(kw_only=True)(cls)
+    made.__doc__ = doc
+    CONTRACT_TYPES.append(made)
+    return made
+
+
+CONTRACT_TYPES: list[type] = []
+
+
+@contract_type
+class SectionFigures:
     """One named section of an op (forward, backward, optimizer_step): allocated bytes at
     its start and end, and its own peak."""
 
@@ -118,7 +137,8 @@ class SectionFigures(_Model):
     allocated_peak: int
 
 
-class _AllocatorFigures(_Model):
+@contract_type
+class _AllocatorFigures:
     allocated_before: int
     allocated_after: int
     allocated_peak: int
@@ -128,6 +148,7 @@ class _AllocatorFigures(_Model):
     delta_allocated: int
 
 
+@contract_type
 class MemoryFigures(_AllocatorFigures):
     """The op's figures (for a scenario: from its first step to its last), in bytes.
 
@@ -145,7 +166,8 @@ class MemoryFigures(_AllocatorFigures):
     pinned_host_after: int | None = None
 
 
-class Phase(_Model):
+@contract_type
+class Phase:
     """One measured phase (set-up, op, after, or a scenario's step)."""
 
     name: str
@@ -168,7 +190,8 @@ class Phase(_Model):
     wall_s: float | None = None
 
 
-class Timing(_Model):
+@contract_type
+class Timing:
     """Time of the op: CUDA events or perf_counter over ``repeat`` calls after ``warmup``.
 
     A scenario has only its method and the steps' wall time.
@@ -185,7 +208,8 @@ class Timing(_Model):
     wall_s: float | None = None
 
 
-class Environment(_Model):
+@contract_type
+class Environment:
     """Where it ran: versions, host, GPU, allocator settings."""
 
     torch: str | None = None
@@ -206,64 +230,69 @@ class Environment(_Model):
     # The process's isolation, and in a shared process how many experiments it had run
     # before this one (0: its first; null for a clean process).
     isolation: Isolation | None = None
-    experiments_before: int | None = Field(default=None, ge=0)
+    experiments_before: int | None = field(default=None, metadata={"ge": 0})
 
 
-class Categories(_Model):
+@contract_type
+class Categories:
     """Bytes held at a peak, by category (allocated bytes, the caching allocator's view)."""
 
-    parameters: int = Field(default=0, ge=0)
-    gradients: int = Field(default=0, ge=0)
-    optimizer_state: int = Field(default=0, ge=0)
-    activations: int = Field(default=0, ge=0)
-    temporaries: int = Field(default=0, ge=0)
-    other: int = Field(default=0, ge=0)
-    unknown: int = Field(default=0, ge=0)
+    parameters: int = field(default=0, metadata={"ge": 0})
+    gradients: int = field(default=0, metadata={"ge": 0})
+    optimizer_state: int = field(default=0, metadata={"ge": 0})
+    activations: int = field(default=0, metadata={"ge": 0})
+    temporaries: int = field(default=0, metadata={"ge": 0})
+    other: int = field(default=0, metadata={"ge": 0})
+    unknown: int = field(default=0, metadata={"ge": 0})
 
 
-class PhasePeak(_Model):
+@contract_type
+class PhasePeak:
     """One phase of a model step (forward, backward, optimizer): its own peaks."""
 
     name: str
-    peak_allocated: int = Field(ge=0)
-    peak_reserved: int = Field(ge=0)
-    allocated_end: int | None = Field(default=None, ge=0)
+    peak_allocated: int = field(metadata={"ge": 0})
+    peak_reserved: int = field(metadata={"ge": 0})
+    allocated_end: int | None = field(default=None, metadata={"ge": 0})
     wall_s: float | None = None
 
 
-class ModelStep(_Model):
+@contract_type
+class ModelStep:
     """One step of a model experiment (a training step, a forward pass, a generation)."""
 
-    step: int = Field(ge=1)
-    peak_allocated: int = Field(ge=0)
-    peak_reserved: int = Field(ge=0)
-    phases: list[PhasePeak] = Field(default_factory=list)
+    step: int = field(metadata={"ge": 1})
+    peak_allocated: int = field(metadata={"ge": 0})
+    peak_reserved: int = field(metadata={"ge": 0})
+    phases: list[PhasePeak] = field(default_factory=list)
     wall_s: float | None = None
 
 
-class ModelFigures(_Model):
+@contract_type
+class ModelFigures:
     """What a model experiment measured beyond the memory figures: the model, each step,
     the reported step's peaks (step 2 of a training run: optimizer state exists) and speed."""
 
     model: str
     model_type: str
     task: Literal["train", "inference", "generate"]
-    parameter_count: int = Field(ge=0)
+    parameter_count: int = field(metadata={"ge": 0})
     # What the model's objects hold after the reported step (storages, allocator-rounded on
     # CUDA): its parameters, its gradients and its optimizer's state on the device.
-    parameter_bytes: int | None = Field(default=None, ge=0)
-    gradient_bytes: int | None = Field(default=None, ge=0)
-    optimizer_state_bytes: int | None = Field(default=None, ge=0)
-    reported_step: int = Field(ge=1)
-    peak_allocated: int = Field(ge=0)
-    peak_reserved: int = Field(ge=0)
-    steps: list[ModelStep] = Field(default_factory=list)
+    parameter_bytes: int | None = field(default=None, metadata={"ge": 0})
+    gradient_bytes: int | None = field(default=None, metadata={"ge": 0})
+    optimizer_state_bytes: int | None = field(default=None, metadata={"ge": 0})
+    reported_step: int = field(metadata={"ge": 1})
+    peak_allocated: int = field(metadata={"ge": 0})
+    peak_reserved: int = field(metadata={"ge": 0})
+    steps: list[ModelStep] = field(default_factory=list)
     time_per_step_s: float | None = None
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
 
 
-class TensorPrediction(_Model):
+@contract_type
+class TensorPrediction:
     name: str
     shape: list[int]
     dtype: str
@@ -271,13 +300,15 @@ class TensorPrediction(_Model):
     bytes: int
 
 
-class StepPrediction(_Model):
+@contract_type
+class StepPrediction:
     label: str
     allocated_after: int
     host_tensor_bytes: int | None = None
 
 
-class Prediction(_Model):
+@contract_type
+class Prediction:
     """Bytes the catalog predicts (a prediction, not a measurement)."""
 
     label: Literal["prediction"] = "prediction"
@@ -286,12 +317,12 @@ class Prediction(_Model):
     delta_allocated: int
     allocated_after: int
     host_tensor_bytes: int
-    inputs: list[TensorPrediction] = Field(default_factory=list)
-    outputs: list[TensorPrediction] = Field(default_factory=list)
+    inputs: list[TensorPrediction] = field(default_factory=list)
+    outputs: list[TensorPrediction] = field(default_factory=list)
     rounding: str
-    devices: list[str] = Field(default_factory=list)
+    devices: list[str] = field(default_factory=list)
     exact: bool
-    caveats: list[str] = Field(default_factory=list)
+    caveats: list[str] = field(default_factory=list)
     # A scenario's: the most its named tensors hold at once, and each top-level step.
     peak_named_bytes: int | None = None
     steps: list[StepPrediction] | None = None
@@ -299,9 +330,13 @@ class Prediction(_Model):
     peak_allocated: int | None = None
     peak_reserved: int | None = None
     categories: Categories | None = None
+    # ...and the device those figures are for ("cuda (H100-class)", "cpu"): a spec that
+    # named no device on a service of CPU workers is predicted for CUDA, and runs on the CPU.
+    predicted_for: str | None = None
 
 
-class TensorInfo(_Model):
+@contract_type
+class TensorInfo:
     """A tensor the op took or returned, as measured."""
 
     name: str
@@ -316,23 +351,26 @@ class TensorInfo(_Model):
     is_view_of_input: bool
 
 
-class TraceSummary(_Model):
+@contract_type
+class TraceSummary:
     source: Literal["cuda_memory_history", "cpu_profiler", "none"]
     events: int
     truncated: bool
 
 
-class Copy(_Model):
+@contract_type
+class Copy:
     """Copies between two devices that one aten op made, summed."""
 
     op: str
-    from_: str = Field(alias="from")
+    from_: str = field(metadata={"alias": "from"})
     to: str
     calls: int
     bytes: int
 
 
-class HeldTensor(_Model):
+@contract_type
+class HeldTensor:
     """One tensor a scenario's name held at its end."""
 
     shape: list[int]
@@ -342,13 +380,15 @@ class HeldTensor(_Model):
     pinned: bool
 
 
-class MoreTensors(_Model):
+@contract_type
+class MoreTensors:
     """How many more tensors a name held beyond those listed."""
 
     more: int
 
 
-class Placement(_Model):
+@contract_type
+class Placement:
     """Where tensors live, and the copies between devices that the op (or scenario) made."""
 
     inputs: dict[str, str] | None = None
@@ -365,15 +405,17 @@ class Placement(_Model):
     method: str | None = None
 
 
-class ErrorInfo(_Model):
+@contract_type
+class ErrorInfo:
     """A failure: a type that a program can act on, a message, maybe a hint and details."""
 
     type: ErrorType
-    message: str = Field(max_length=MAX_ERROR_MESSAGE_CHARS)
-    hint: str | None = Field(default=None, max_length=MAX_ERROR_HINT_CHARS)
+    message: str = field(metadata={"max_length": MAX_ERROR_MESSAGE_CHARS})
+    hint: str | None = field(default=None, metadata={"max_length": MAX_ERROR_HINT_CHARS})
     details: dict[str, Any] | None = None
 
 
+@contract_type
 class Step(Phase):
     """A scenario's step: its phase's figures, its prediction, its error if it failed."""
 
@@ -382,17 +424,18 @@ class Step(Phase):
     predicted_allocated_after: int | None = None
 
 
-class Result(_Model):
+@contract_type
+class Result:
     """What a worker measured for one experiment (succeeded, or failed with figures)."""
 
     memory: MemoryFigures
-    phases: list[Phase] = Field(default_factory=list)
+    phases: list[Phase] = field(default_factory=list)
     timing: Timing | None = None
     environment: Environment | None = None
     prediction: Prediction | None = None
-    inputs: list[TensorInfo] = Field(default_factory=list)
-    outputs: list[TensorInfo] = Field(default_factory=list)
-    notes: list[str] = Field(default_factory=list)
+    inputs: list[TensorInfo] = field(default_factory=list)
+    outputs: list[TensorInfo] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     trace: TraceSummary | None = None
     placement: Placement | None = None
     # What the op itself reported (modules, autograd, sections, dtype support): op-specific.
@@ -412,6 +455,7 @@ class Result(_Model):
         return tuple(str(f) for f in SHARED_PROCESS_FIGURES)
 
 
+@contract_type
 class SnapshotFigures(_AllocatorFigures):
     """An imported snapshot's figures, replayed from its trace: no host RSS was recorded."""
 
@@ -419,37 +463,49 @@ class SnapshotFigures(_AllocatorFigures):
     host_rss_after: None = None
 
 
-class SnapshotResult(_Model):
+@contract_type
+class SnapshotResult:
     """What the API stores for an imported memory snapshot (not a worker's report)."""
 
     memory: SnapshotFigures
-    environment: dict[str, Any] = Field(default_factory=dict)
-    snapshot: dict[str, Any] = Field(
-        description="the import's summary: peak, blocks alive at it, categories, segments "
-        "(GET /v1/snapshots/{id} types it)"
+    environment: dict[str, Any] = field(default_factory=dict)
+    snapshot: dict[str, Any] = field(
+        metadata={
+            "description": "the import's summary: peak, blocks alive at it, categories, segments "
+            "(GET /v1/snapshots/{id} types it)"
+        }
     )
 
 
-class Outcome(_Model):
+@contract_type
+class Outcome:
     """What a worker reports when an experiment ends."""
 
     status: Literal[Status.SUCCEEDED, Status.FAILED, Status.CANCELLED]
     result: Result | None = None
     error: ErrorInfo | None = None
-    trace_events: int = Field(default=0, ge=0, le=MAX_TRACE_EVENTS)
+    trace_events: int = field(default=0, metadata={"ge": 0, "le": MAX_TRACE_EVENTS})
 
-    @model_validator(mode="after")
-    def _consistent(self) -> "Outcome":
-        if self.status == Status.SUCCEEDED and self.result is None:
-            raise ValueError("a succeeded outcome needs a result")
-        if self.status == Status.FAILED and self.error is None:
-            raise ValueError("a failed outcome needs an error")
-        return self
+    def __post_init__(self) -> None:
+        consistent(self)
 
     def wire(self) -> dict[str, Any]:
         """The outcome as JSON-ready data, keys as the contract spells them."""
-        return self.model_dump(mode="json", by_alias=True, exclude_unset=True)
+        data: dict[str, Any] = wire.dump(self)
+        return data
+
+
+def consistent(outcome: Any) -> None:
+    """What an outcome's status needs beside it (a result, an error); ValueError if not.
+    The API's pydantic model runs the same check."""
+    if outcome.status == Status.SUCCEEDED and outcome.result is None:
+        raise ValueError("a succeeded outcome needs a result")
+    if outcome.status == Status.FAILED and outcome.error is None:
+        raise ValueError("a failed outcome needs an error")
 
 
 # One spelling of the allocator's figures: the names and the model agree.
-assert tuple(_AllocatorFigures.model_fields) == ALLOCATOR_KEYS
+assert tuple(f.name for f in dataclasses.fields(_AllocatorFigures)) == ALLOCATOR_KEYS
+
+# The checks the API's models add to these classes (app/core/contract.py).
+VALIDATORS: dict[type, Callable[[Any], None]] = {Outcome: consistent}

@@ -1,6 +1,6 @@
 """The names of the API↔worker contract: each status, error type, figure, path and limit,
 spelled once. Standard library only, so the client (httpx alone) imports it as the server
-and the worker do; :mod:`vramlab.contract` adds the shapes of the bodies (pydantic) and
+and the worker do; :mod:`vramlab.contract` adds the shapes of the bodies (dataclasses) and
 re-exports every name here. The enums are ``StrEnum``s: a value is its own string on the
 wire and in the database.
 """

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-import app.models.base
+import app.tables.base
 
 revision: str = "0001"
 down_revision: str | None = None
@@ -26,8 +26,8 @@ def upgrade() -> None:
         sa.Column("name", sa.String(length=200), nullable=False),
         sa.Column("hostname", sa.String(length=255), nullable=False),
         sa.Column("capabilities", sa.JSON(), nullable=False),
-        sa.Column("registered_at", app.models.base.UTCDateTime(), nullable=False),
-        sa.Column("last_seen_at", app.models.base.UTCDateTime(), nullable=False),
+        sa.Column("registered_at", app.tables.base.UTCDateTime(), nullable=False),
+        sa.Column("last_seen_at", app.tables.base.UTCDateTime(), nullable=False),
         sa.Column("state", sa.String(length=16), nullable=False),
         sa.Column("current_experiment_id", sa.String(length=36), nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_workers")),
@@ -58,13 +58,13 @@ def upgrade() -> None:
         sa.Column("prediction", sa.JSON(), nullable=False),
         sa.Column("attempts", sa.Integer(), nullable=False),
         sa.Column("lease_token", sa.String(length=64), nullable=True),
-        sa.Column("lease_expires_at", app.models.base.UTCDateTime(), nullable=True),
+        sa.Column("lease_expires_at", app.tables.base.UTCDateTime(), nullable=True),
         sa.Column("worker_id", sa.String(length=36), nullable=True),
         sa.Column("cancel_requested", sa.Boolean(), nullable=False),
         sa.Column("progress", sa.JSON(), nullable=True),
-        sa.Column("created_at", app.models.base.UTCDateTime(), nullable=False),
-        sa.Column("started_at", app.models.base.UTCDateTime(), nullable=True),
-        sa.Column("finished_at", app.models.base.UTCDateTime(), nullable=True),
+        sa.Column("created_at", app.tables.base.UTCDateTime(), nullable=False),
+        sa.Column("started_at", app.tables.base.UTCDateTime(), nullable=True),
+        sa.Column("finished_at", app.tables.base.UTCDateTime(), nullable=True),
         sa.Column("error_type", sa.String(length=32), nullable=True),
         sa.Column("error_message", sa.Text(), nullable=True),
         sa.Column("error_hint", sa.Text(), nullable=True),
@@ -108,7 +108,7 @@ def upgrade() -> None:
         sa.Column("attempt", sa.Integer(), nullable=False),
         sa.Column("data", sa.JSON(), nullable=False),
         sa.Column("trace_events", sa.Integer(), nullable=False),
-        sa.Column("created_at", app.models.base.UTCDateTime(), nullable=False),
+        sa.Column("created_at", app.tables.base.UTCDateTime(), nullable=False),
         sa.ForeignKeyConstraint(
             ["experiment_id"],
             ["experiments.id"],

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-import app.models.base
+import app.tables.base
 
 revision: str = "0002"
 down_revision: str | None = "0001"
@@ -26,9 +26,9 @@ def upgrade() -> None:
         sa.Column("name", sa.String(length=200), nullable=False),
         sa.Column("token_hash", sa.String(length=64), nullable=False),
         sa.Column("scopes", sa.JSON(), nullable=False),
-        sa.Column("created_at", app.models.base.UTCDateTime(), nullable=False),
-        sa.Column("last_used_at", app.models.base.UTCDateTime(), nullable=True),
-        sa.Column("revoked_at", app.models.base.UTCDateTime(), nullable=True),
+        sa.Column("created_at", app.tables.base.UTCDateTime(), nullable=False),
+        sa.Column("last_used_at", app.tables.base.UTCDateTime(), nullable=True),
+        sa.Column("revoked_at", app.tables.base.UTCDateTime(), nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_api_tokens")),
         sa.UniqueConstraint("token_hash", name=op.f("uq_api_tokens_token_hash")),
     )
@@ -39,7 +39,7 @@ def upgrade() -> None:
         sa.Column("grid", sa.JSON(), nullable=False),
         sa.Column("n_points", sa.Integer(), nullable=False),
         sa.Column("submitted_by", sa.String(length=36), nullable=True),
-        sa.Column("created_at", app.models.base.UTCDateTime(), nullable=False),
+        sa.Column("created_at", app.tables.base.UTCDateTime(), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_sweeps")),
     )
     with op.batch_alter_table("experiments", schema=None) as batch_op:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-import app.models.base
+import app.tables.base
 
 revision: str = "0003"
 down_revision: str | None = "0002"
@@ -32,7 +32,7 @@ def upgrade() -> None:
         sa.Column("sha256", sa.String(length=64), nullable=False),
         sa.Column("gzipped", sa.Boolean(), nullable=False),
         sa.Column("segments", sa.LargeBinary(), nullable=False),
-        sa.Column("created_at", app.models.base.UTCDateTime(), nullable=False),
+        sa.Column("created_at", app.tables.base.UTCDateTime(), nullable=False),
         sa.ForeignKeyConstraint(
             ["experiment_id"],
             ["experiments.id"],

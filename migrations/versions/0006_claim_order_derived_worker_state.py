@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-import app.models.base
+import app.tables.base
 
 revision: str = "0006"
 down_revision: str | None = "0005"
@@ -20,11 +20,11 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     with op.batch_alter_table("experiments", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("available_at", app.models.base.UTCDateTime(), nullable=True))
+        batch_op.add_column(sa.Column("available_at", app.tables.base.UTCDateTime(), nullable=True))
     op.execute("UPDATE experiments SET available_at = created_at")
     with op.batch_alter_table("experiments", schema=None) as batch_op:
         batch_op.alter_column(
-            "available_at", existing_type=app.models.base.UTCDateTime(), nullable=False
+            "available_at", existing_type=app.tables.base.UTCDateTime(), nullable=False
         )
         batch_op.drop_index("ix_experiments_queue")
         batch_op.drop_column("predicted_bytes")
@@ -39,7 +39,7 @@ def upgrade() -> None:
     with op.batch_alter_table("results", schema=None) as batch_op:
         batch_op.drop_column("trace_events")
     with op.batch_alter_table("workers", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("stopped_at", app.models.base.UTCDateTime(), nullable=True))
+        batch_op.add_column(sa.Column("stopped_at", app.tables.base.UTCDateTime(), nullable=True))
         batch_op.drop_column("state")
         batch_op.drop_column("current_experiment_id")
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-import app.models.base
+import app.tables.base
 
 revision: str = "0007"
 down_revision: str | None = "0006"
@@ -20,14 +20,14 @@ depends_on: str | Sequence[str] | None = None
 
 def upgrade() -> None:
     with op.batch_alter_table("experiment_tags", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("created_at", app.models.base.UTCDateTime(), nullable=True))
+        batch_op.add_column(sa.Column("created_at", app.tables.base.UTCDateTime(), nullable=True))
     op.execute(
         "UPDATE experiment_tags SET created_at = (SELECT experiments.created_at FROM "
         "experiments WHERE experiments.id = experiment_tags.experiment_id)"
     )
     with op.batch_alter_table("experiment_tags", schema=None) as batch_op:
         batch_op.alter_column(
-            "created_at", existing_type=app.models.base.UTCDateTime(), nullable=False
+            "created_at", existing_type=app.tables.base.UTCDateTime(), nullable=False
         )
         batch_op.drop_index("ix_experiment_tags_tag")
         batch_op.create_index(

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-import app.models.base
+import app.tables.base
 
 revision: str = "0010_fit_searches"
 down_revision: str | None = "0008"
@@ -32,8 +32,8 @@ def upgrade() -> None:
         sa.Column("version", sa.Integer(), nullable=False),
         sa.Column("error", sa.Text(), nullable=True),
         sa.Column("submitted_by", sa.String(length=36), nullable=True),
-        sa.Column("created_at", app.models.base.UTCDateTime(), nullable=False),
-        sa.Column("finished_at", app.models.base.UTCDateTime(), nullable=True),
+        sa.Column("created_at", app.tables.base.UTCDateTime(), nullable=False),
+        sa.Column("finished_at", app.tables.base.UTCDateTime(), nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_fits")),
     )
     op.create_index("ix_fits_status_created", "fits", ["status", "created_at"], unique=False)

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from app.access import sessions
-from app.models import ApiToken
-from app.models.base import utcnow
+from app.tables import ApiToken
+from app.tables.base import utcnow
 from tests.api.test_auth import bearer, create_token
 from tests.conftest import LiveServer, make_settings
 from tests.e2e.procs import env_for

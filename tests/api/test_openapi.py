@@ -1,6 +1,7 @@
 """The OpenAPI document: typed results, readable operation ids, the worker protocol
 marked internal. A generated client reads these."""
 
+import json
 import re
 from pathlib import Path
 from typing import Any
@@ -81,3 +82,13 @@ def test_options_answers_every_method_of_every_path(client: httpx.Client) -> Non
     # HEAD is named only where it is answered.
     head = client.head("/v1/experiments")
     assert head.status_code == 405 and "HEAD" not in head.headers["Allow"]
+
+
+STORED = Path(__file__).with_name("openapi.json")
+
+
+def test_the_document_is_the_one_stored(doc: dict[str, Any]) -> None:
+    """The OpenAPI document is what tests/api/openapi.json holds: a change to the API's
+    shape (what generated clients read) is made on purpose, by rewriting that file
+    (``python -m tests.api.openapi_file``), never as a side effect of a refactoring."""
+    assert json.loads(json.dumps(doc)) == json.loads(STORED.read_text())

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, select
 
-from app.models import TraceChunk
+from app.tables import TraceChunk
 from tests.conftest import LiveServer, make_settings
 from tests.helpers import claim, register, submit
 

@@ -12,6 +12,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from tests.api.test_auth import bearer, create_token
+from tests.api.test_claim_wakes import looks
 from tests.conftest import LiveServer, make_settings
 from tests.helpers import (
     ADD,
@@ -24,6 +25,7 @@ from tests.helpers import (
     submit,
     succeed,
 )
+from vramlab.runspec import DEFAULT_SEQ_LEN, RunSpec
 
 
 def test_claim_matches_capabilities(client: httpx.Client) -> None:
@@ -214,7 +216,10 @@ def test_a_new_experiment_wakes_a_waiting_claim(database_url: str) -> None:
         got: list[dict[str, Any] | None] = []
         waiter = threading.Thread(target=lambda: got.append(claim(client, worker, wait_s=8)))
         waiter.start()
-        time.sleep(0.5)
+        deadline = time.monotonic() + 10
+        while looks(client).get("false", 0) < 1:  # the claim looked, found nothing, waits
+            assert time.monotonic() < deadline, looks(client)
+            time.sleep(0.02)
         exp = submit(client)
         waiter.join()
         assert got[0] is not None and got[0]["id"] == exp["id"]
@@ -358,3 +363,54 @@ def test_a_claim_whose_worker_left_gives_the_experiment_back(database_url: str) 
             assert time.monotonic() < deadline, got
             time.sleep(0.05)
         assert got["status"] == "queued" and got["attempts"] == 0, got
+
+
+# The claim's spec as workers of the release before the typed run spec read it: its keys
+# and the model params flat in ``params``. An old worker keeps working against this API.
+WIRE_SPEC_KEYS = {
+    "op",
+    "shape",
+    "params",
+    "dtype",
+    "device",
+    "warmup",
+    "repeat",
+    "timeout_s",
+    "allocator",
+    "trace",
+    "isolation",
+    "steps",
+    "prediction",
+    "memory_limit_bytes",
+}
+
+
+def test_a_claimed_spec_keeps_the_wire_form_older_workers_read(client: httpx.Client) -> None:
+    submit(client, {**ADD, "allocator": {"expandable_segments": True}})
+    got = claim(client, register(client))
+    assert got is not None
+    spec = got["spec"]
+    assert set(spec) == WIRE_SPEC_KEYS
+    assert spec["allocator"] == {"expandable_segments": True}
+    assert (
+        spec["prediction"]["delta_allocated"]
+        == spec["prediction"]["allocated_after"] - (spec["prediction"]["allocated_before"])
+    )
+    # The worker of this release reads it typed, and writes it back the same.
+    run = RunSpec.from_wire(spec)
+    assert run.allocator.expandable_segments is True and run.model is None
+    assert run.wire() == spec
+
+
+def test_a_claimed_model_spec_has_its_params_flat_and_typed(client: httpx.Client) -> None:
+    body = {"op": "model", "shape": [], "params": {"model": "gpt2", "batch_size": 2}}
+    submit(client, body)
+    got = claim(client, register(client))
+    assert got is not None
+    spec = got["spec"]
+    assert set(spec) == WIRE_SPEC_KEYS
+    assert spec["params"]["model"] == "gpt2" and spec["params"]["batch_size"] == 2
+    run = RunSpec.from_wire(spec)
+    assert run.model is not None and run.model.batch_size == 2
+    assert run.model.seq_len_or_default == DEFAULT_SEQ_LEN
+    assert run.wire() == spec

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from sqlalchemy import create_engine, select, update
 
-from app.models import TraceChunk
+from app.tables import TraceChunk
 from app.traces import event_columns, viz_records
 from app.traces import service as traces
 from tests.conftest import LiveServer, make_settings

@@ -6,7 +6,8 @@ from typing import Any
 import pytest
 
 from app.catalog import plan_spec
-from vramlab import contract
+from app.core.contract import Outcome as ApiOutcome
+from vramlab.runspec import RunSpec
 from workers.endings import Outcome
 from workers.runner import Runner
 
@@ -44,9 +45,11 @@ def build_spec(
 class CheckedRunner(Runner):
     """A Runner whose every outcome must validate against the contract the API enforces."""
 
-    def run(self, spec: dict[str, Any], **kwargs: Any) -> Outcome:
+    def run(self, spec: RunSpec | dict[str, Any], **kwargs: Any) -> Outcome:
+        if not isinstance(spec, RunSpec):  # a spec as the claim sends it
+            spec = RunSpec.from_wire(spec)
         outcome = super().run(spec, **kwargs)
-        contract.Outcome.model_validate(
+        ApiOutcome.model_validate(
             {
                 "status": outcome.status,
                 "result": outcome.result,

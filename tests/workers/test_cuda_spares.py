@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import needs_cuda
-from tests.workers.conftest import SpecFactory
+from tests.workers.conftest import CheckedRunner, SpecFactory
 from workers.endings import Outcome
 from workers.runner import Runner
 
@@ -24,7 +24,7 @@ CUBLAS_WORKSPACE = 32 * 2**20
 
 @pytest.fixture(scope="module")
 def cold() -> Iterator[Runner]:
-    r = Runner(warm=False)
+    r = CheckedRunner(warm=False)
     r.start()
     yield r
     r.close()
@@ -32,7 +32,7 @@ def cold() -> Iterator[Runner]:
 
 @pytest.fixture(scope="module")
 def warm() -> Iterator[Runner]:
-    r = Runner()
+    r = CheckedRunner()
     r.start()
     r.capabilities()  # the first spare, on cuda:0, starts here
     yield r
@@ -99,7 +99,7 @@ def test_expandable_segments_apply_in_a_spare(
 
 
 def test_concurrent_experiments_on_one_gpu_stay_exact(make_spec: SpecFactory) -> None:
-    runner = Runner(concurrency=2)
+    runner = CheckedRunner(concurrency=2)
     runner.start()
     runner.capabilities()
     started, release = threading.Event(), threading.Event()

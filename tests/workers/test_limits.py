@@ -9,6 +9,7 @@ import torch
 
 from tests.workers.conftest import SpecFactory
 from tests.workers.test_scenario import scenario_spec
+from vramlab.runspec import RunSpec
 from workers import limits
 from workers.runner import Runner
 
@@ -87,10 +88,10 @@ def test_a_limit_is_released_before_the_next_spec_in_the_same_process() -> None:
     before = resource.getrlimit(resource.RLIMIT_DATA)
     cpu = torch.device("cpu")
     try:
-        limit = limits.apply({"device": "cpu", "memory_limit_bytes": 64 * MiB}, cpu)
+        limit = limits.apply(RunSpec(op="add", memory_limit_bytes=64 * MiB), cpu)
         assert limit is not None and limit.cpu_ceiling is not None
         assert resource.getrlimit(resource.RLIMIT_DATA)[0] == limit.cpu_ceiling
-        assert limits.apply({"device": "cpu"}, cpu) is None
+        assert limits.apply(RunSpec(op="add"), cpu) is None
         assert limits.active() is None
         assert resource.getrlimit(resource.RLIMIT_DATA) == before
     finally:
@@ -107,7 +108,7 @@ def test_a_cap_larger_than_the_host_is_bounded_by_the_host(
 
     monkeypatch.setattr(limits.psutil, "virtual_memory", lambda: Memory())
     before = resource.getrlimit(resource.RLIMIT_DATA)
-    spec = {"device": "cpu", "memory_limit_bytes": 16 * 2**30}
+    spec = RunSpec(op="add", memory_limit_bytes=16 * 2**30)
     try:
         limit = limits.apply(spec, torch.device("cpu"))
         assert limit is not None and limit.host_available == 256 * MiB
@@ -115,7 +116,7 @@ def test_a_cap_larger_than_the_host_is_bounded_by_the_host(
             torch.empty(512 * MiB, dtype=torch.uint8)
         error = limits.explain(caught.value, spec)
     finally:
-        limits.apply({"device": "cpu"}, torch.device("cpu"))
+        limits.apply(RunSpec(op="add"), torch.device("cpu"))
     assert resource.getrlimit(resource.RLIMIT_DATA) == before
     assert error is not None and error["type"] == "oom"
     assert error["details"]["host_available_bytes"] == 256 * MiB

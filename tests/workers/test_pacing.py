@@ -155,9 +155,16 @@ def test_a_gathered_report_keeps_to_the_apis_body_limit() -> None:
         threading.Thread(target=group.send, args=(send, [(_lease(i), body)], 3500))
         for i in range(7)
     ]
-    for thread in threads:
+    threads[0].start()  # alone: its report is in flight, held at the gate
+    deadline = time.monotonic() + 10
+    while not parts:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    for thread in threads[1:]:
         thread.start()
-    time.sleep(0.2)
+    while len(group._waiting) < 6:  # the other six wait behind it, to go together
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
     gate.set()
     for thread in threads:
         thread.join(10)

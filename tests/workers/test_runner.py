@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.workers.conftest import SpecFactory
+from tests.workers.conftest import CheckedRunner, SpecFactory
 from workers.endings import Outcome
 from workers.runner import Runner
 
@@ -213,7 +213,7 @@ def test_capabilities(runner: Runner) -> None:
 
 
 def test_a_cpu_runner_refuses_cuda_specs(make_spec: SpecFactory) -> None:
-    cpu = Runner("cpu")
+    cpu = CheckedRunner("cpu")
     for spec in (
         make_spec("add", [4], device="cuda:0"),
         make_spec("to", [4], {"source_device": "cuda:0"}, device="cpu"),

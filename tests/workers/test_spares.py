@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.workers.conftest import SpecFactory
+from tests.workers.conftest import CheckedRunner, SpecFactory
 from workers import allocator
 from workers.endings import Outcome
 from workers.runner import Runner
@@ -24,7 +24,7 @@ def test_a_warm_spare_measures_what_a_cold_child_measures(
     runner: Runner, make_spec: SpecFactory, tmp_path: Path
 ) -> None:
     spec = make_spec("add", [1000, 1000])
-    cold = Runner(warm=False)
+    cold = CheckedRunner(warm=False)
     try:
         cold_result = succeeded(cold.run(spec, work_dir=tmp_path))
     finally:
@@ -88,7 +88,7 @@ def test_settings_that_need_a_new_allocator_take_the_cold_path() -> None:
 def test_concurrent_experiments_say_how_many_shared_the_device(
     make_spec: SpecFactory,
 ) -> None:
-    runner = Runner(concurrency=2)
+    runner = CheckedRunner(concurrency=2)
     runner.start()
     long_started = threading.Event()
     release = threading.Event()
@@ -116,7 +116,7 @@ def test_concurrent_experiments_say_how_many_shared_the_device(
 
 
 def test_a_runner_keeps_as_many_spares_as_asked(make_spec: SpecFactory) -> None:
-    runner = Runner(spares=2)
+    runner = CheckedRunner(spares=2)
     runner.start()
     try:
         runner.capabilities()
@@ -137,7 +137,7 @@ def test_experiments_that_end_out_of_order_each_keep_their_own_count() -> None:
     count was removed by value, so an experiment leaving could take another's entry: a
     later one then raised ValueError inside the worker loop (seen with --concurrency 4 and
     batch claims, which stopped the worker), and `concurrent` figures were wrong."""
-    runner = Runner(warm=False)
+    runner = CheckedRunner(warm=False)
     try:
         with contextlib.ExitStack() as c_stack:
             c = c_stack.enter_context(runner._sharing("cpu"))

@@ -16,16 +16,15 @@ from typing import Any
 
 import torch
 
-from app.catalog import CatalogError
-from app.catalog.model_zoo import Resolved, resolve
+from vramlab.catalog.errors import CatalogError
+from vramlab.catalog.model_zoo import Resolved, resolve
+from vramlab.runspec import DEFAULT_IMAGE_SIZE, ModelParams
 
 # The child never reaches a model hub: configs are built, weights are random.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-DEFAULT_SEQ_LEN = 128
-DEFAULT_NEW_TOKENS = 16
 _AUTO = {
     "causal-lm": "AutoModelForCausalLM",
     "masked-lm": "AutoModelForMaskedLM",
@@ -41,7 +40,7 @@ class Built:
     """What a step needs: the model, its optimizer (training), inputs, and how to run."""
 
     resolved: Resolved
-    params: Mapping[str, Any]
+    params: ModelParams
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer | None
     scaler: Any  # torch.amp.GradScaler for fp16 autocast training, else None
@@ -54,23 +53,23 @@ class Built:
 
     @property
     def task(self) -> str:
-        return str(self.params.get("task", "train"))
+        return self.params.task
 
     @property
     def batch_size(self) -> int:
-        return int(self.params.get("batch_size", 1))
+        return self.params.batch_size
 
     @property
     def seq_len(self) -> int:
-        return int(self.params.get("seq_len") or DEFAULT_SEQ_LEN)
+        return self.params.seq_len_or_default
 
     @property
     def micro_batches(self) -> int:
-        return int(self.params.get("micro_batches") or 1)
+        return self.params.micro_batches
 
     @property
     def new_tokens(self) -> int:
-        return int(self.params.get("new_tokens") or DEFAULT_NEW_TOKENS)
+        return self.params.new_tokens_or_default
 
     def autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.autocast_dtype is None:
@@ -96,17 +95,17 @@ class Built:
         ]
 
 
-def config_of(params: Mapping[str, Any]) -> tuple[Resolved, Any]:
+def config_of(params: ModelParams) -> tuple[Resolved, Any]:
     """The model's resolved name and its transformers config (overrides applied)."""
     import transformers
 
-    resolved = resolve(str(params["model"]), params.get("head"))
-    overrides = {**resolved.config, **(params.get("config") or {})}
+    resolved = resolve(params.model, params.head)
+    overrides = {**resolved.config, **params.config_overrides}
     config_class = transformers.CONFIG_MAPPING[resolved.model_type]
     known = set(inspect.signature(config_class.__init__).parameters) | set(
         vars(config_class()).keys()
     )
-    for key in params.get("config") or {}:  # for_model keeps unknown keys: say so instead
+    for key in params.config_overrides:  # for_model keeps unknown keys: say so instead
         if key not in known:
             raise CatalogError("params.config", f"{resolved.model_type} configs have no {key!r}")
     try:
@@ -119,21 +118,23 @@ def config_of(params: Mapping[str, Any]) -> tuple[Resolved, Any]:
     return resolved, config
 
 
-def build(params: Mapping[str, Any], device: torch.device, initialize: bool = True) -> Built:
+def build(
+    params: ModelParams | Mapping[str, Any], device: torch.device, initialize: bool = True
+) -> Built:
     """The model (random weights, on ``device``), optimizer and one step's inputs.
     ``initialize=False`` skips drawing the weights (the predictor's fake tensors hold no
     values)."""
+    params = ModelParams.of(params)
     import transformers
     from transformers.initialization import no_init_weights
 
     resolved, config = config_of(params)
-    task = str(params.get("task", "train"))
-    precision = str(params.get("precision", "fp32"))
+    task, precision = params.task, params.precision
     auto = getattr(transformers, _AUTO[resolved.kind])
     weights = WEIGHT_DTYPES.get(precision, torch.float32)
     kwargs: dict[str, Any] = {"dtype": weights}
-    if resolved.kind != "image-classification" or params.get("attention") == "eager":
-        kwargs["attn_implementation"] = params.get("attention") or "sdpa"
+    if resolved.kind != "image-classification" or params.attention == "eager":
+        kwargs["attn_implementation"] = params.attention
     skip = contextlib.nullcontext() if initialize else no_init_weights()
     with torch.device(device), skip:
         try:
@@ -144,7 +145,7 @@ def build(params: Mapping[str, Any], device: torch.device, initialize: bool = Tr
     if not initialize:
         model.tie_weights()  # skipped with the weights' initialization
     model.train(task == "train")
-    if params.get("checkpointing"):
+    if params.checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
             raise CatalogError(
                 "params.checkpointing", f"{resolved.model_type} has no activation checkpointing"
@@ -174,9 +175,8 @@ def build(params: Mapping[str, Any], device: torch.device, initialize: bool = Tr
     )
 
 
-def make_optimizer(params: Mapping[str, Any], weights: list[torch.Tensor]) -> torch.optim.Optimizer:
-    name = str(params.get("optimizer", "adamw"))
-    impl = str(params.get("optimizer_impl", "default"))
+def make_optimizer(params: ModelParams, weights: list[torch.Tensor]) -> torch.optim.Optimizer:
+    name, impl = params.optimizer, params.optimizer_impl
     options: dict[str, Any] = {}
     if impl == "for-loop":
         options["foreach"] = False
@@ -195,26 +195,26 @@ def make_optimizer(params: Mapping[str, Any], weights: list[torch.Tensor]) -> to
 
 
 def make_inputs(
-    kind: str, config: Any, params: Mapping[str, Any], device: torch.device
+    kind: str, config: Any, params: ModelParams, device: torch.device
 ) -> dict[str, torch.Tensor]:
     """One step's batch: token ids (with labels when training) or images and classes."""
-    batch = int(params.get("batch_size", 1))
-    train = params.get("task", "train") == "train"
+    batch = params.batch_size
+    train = params.task == "train"
     if kind == "image-classification":
-        size = int(params.get("image_size") or getattr(config, "image_size", None) or 224)
+        size = int(params.image_size or getattr(config, "image_size", None) or DEFAULT_IMAGE_SIZE)
         channels = int(getattr(config, "num_channels", 3))
-        dtype = WEIGHT_DTYPES.get(str(params.get("precision")), torch.float32)
+        dtype = WEIGHT_DTYPES.get(params.precision, torch.float32)
         pixels = torch.zeros(batch, channels, size, size, dtype=dtype, device=device)
         inputs = {"pixel_values": pixels}
         if train:
             inputs["labels"] = torch.zeros(batch, dtype=torch.long, device=device)
         return inputs
-    seq = int(params.get("seq_len") or DEFAULT_SEQ_LEN)
+    seq = params.seq_len_or_default
     vocab = int(getattr(config, "vocab_size", 2) or 2)
     # Token ids spread over the vocabulary; their values change no byte counts.
     ids = (torch.arange(batch * seq, device=device) % vocab).reshape(batch, seq)
     inputs = {"input_ids": ids}
-    if kind == "seq2seq-lm" and params.get("task") == "inference":
+    if kind == "seq2seq-lm" and params.task == "inference":
         inputs["decoder_input_ids"] = ids.clone()
     if train:
         inputs["labels"] = ids.clone()

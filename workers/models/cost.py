@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from app.catalog import CatalogError
+from vramlab.catalog.errors import CatalogError
 
 # Attributes that count a model's repeated blocks (after aliases are resolved).
 DEPTH_KEYS = (

@@ -36,9 +36,10 @@ from typing import Any
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from app.catalog import CatalogError
-from app.catalog.model_zoo import resolve
+from vramlab.catalog.errors import CatalogError
+from vramlab.catalog.model_zoo import resolve
 from vramlab.contract import Category
+from vramlab.runspec import ModelParams
 from workers.models import cost
 from workers.models.alloc_log import (
     TRACED_DEPTH,
@@ -48,7 +49,7 @@ from workers.models.alloc_log import (
     deepen,
     mark_windows,
 )
-from workers.models.build import DEFAULT_NEW_TOKENS, DEFAULT_SEQ_LEN, Built, build
+from workers.models.build import Built, build
 from workers.models.caching_allocator import CachingAllocator, Settings, replay
 from workers.models.cuda_semantics import CudaSemantics
 from workers.models.steps import run_step, tally_step
@@ -156,17 +157,19 @@ class Traced:
 
 
 def predict(
-    params: Mapping[str, Any], device_type: str, allocator: Mapping[str, Any] | None = None
+    params: ModelParams | Mapping[str, Any],
+    device_type: str,
+    allocator: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The reported step's predicted peak allocated and reserved (under the spec's
     ``capacity_bytes``, if any), and its categories. ``allocator``: the spec's
     caching-allocator settings."""
+    params = ModelParams.of(params)
     started = time.perf_counter()
     traced = trace(params, device_type, allocator)
-    capacity = params.get("capacity_bytes")
     return {
         "peak_allocated": traced.peak_allocated,
-        "peak_reserved": traced.peak_reserved(capacity if isinstance(capacity, int) else None),
+        "peak_reserved": traced.peak_reserved(params.capacity_bytes),
         "categories": {str(k): int(v) for k, v in traced.categories.items()},
         "caveats": traced.caveats,
         "phase": traced.phase,
@@ -175,27 +178,30 @@ def predict(
 
 
 def trace(
-    params: Mapping[str, Any], device_type: str, allocator: Mapping[str, Any] | None = None
+    params: ModelParams | Mapping[str, Any],
+    device_type: str,
+    allocator: Mapping[str, Any] | None = None,
 ) -> Traced:
     """The spec's reported step traced on fake tensors (see ``Traced``)."""
+    params = ModelParams.of(params)
     cuda = device_type == "cuda"
-    if cuda and params.get("optimizer_impl", "default") == "default":
+    if cuda and params.optimizer_impl == "default":
         # PyTorch's default on CUDA is the foreach implementation (for-loop on the CPU).
-        params = {**params, "optimizer_impl": "foreach"}
-    new_tokens = int(params.get("new_tokens") or DEFAULT_NEW_TOKENS)
-    causal = resolve(str(params["model"]), params.get("head")).kind == "causal-lm"
+        params = params.replace(optimizer_impl="foreach")
+    new_tokens = params.new_tokens_or_default
+    causal = resolve(params.model, params.head).kind == "causal-lm"
     settings = _settings(allocator) if cuda else None
     events: Logged = None
-    if params.get("task") == "generate" and new_tokens > 2 and causal:
+    if params.task == "generate" and new_tokens > 2 and causal:
         # The prefill, and the last decoded token (its KV cache is the largest): a
         # prefill of all but the last two tokens then one decoded token holds what the
         # last step of the whole generation holds, without tracing every step before it.
-        seq_len = int(params.get("seq_len") or DEFAULT_SEQ_LEN)
-        first, _ = _phases({**params, "new_tokens": 1}, cuda)
-        last, _ = _phases({**params, "seq_len": seq_len + new_tokens - 2, "new_tokens": 2}, cuda)
+        seq_len = params.seq_len_or_default
+        first, _ = _phases(params.replace(new_tokens=1), cuda)
+        last, _ = _phases(params.replace(seq_len=seq_len + new_tokens - 2, new_tokens=2), cuda)
         phases = {"prefill": first["prefill"], "decode": last["decode"]}
     else:
-        logged = settings is not None and params.get("task") != "generate"
+        logged = settings is not None and params.task != "generate"
         phases, events = _phases(params, cuda, logged)
     phase = max(phases, key=lambda name: sum(phases[name].values()))
     categories = {str(k): v for k, v in phases[phase].items()}
@@ -206,8 +212,7 @@ def trace(
         depth, _, at = extended[0]
         caveats.append(EXTENDED_CAVEAT.format(depth=depth, a=at, b=MAX_REPLAY_DEPTH))
     if cuda:
-        task = str(params.get("task", "train"))
-        workspace = CUBLAS_WORKSPACE * (2 if task == "train" else 1)
+        workspace = CUBLAS_WORKSPACE * (2 if params.task == "train" else 1)
         temporaries = str(Category.TEMPORARIES)
         categories[temporaries] = categories.get(temporaries, 0) + workspace
         if events is None:
@@ -224,16 +229,19 @@ Events = list[tuple[int, int]]
 Logged = Events | tuple[tuple[int, Events, int], Events] | None
 
 
-def _phases(params: Mapping[str, Any], cuda: bool, logged: bool = False) -> tuple[Phases, Logged]:
+def _phases(
+    params: ModelParams | Mapping[str, Any], cuda: bool, logged: bool = False
+) -> tuple[Phases, Logged]:
     """Each phase's peak by category: traced whole, or for a deep model, traced at shallow
     depths and extended (workers/models/cost.py decides which, or refuses). ``logged``: also
     the allocation log of the build and steps 1 and 2 at the model's full depth (from the
     3-block trace, deepened; traced whole where its blocks do not repeat cleanly and the
     model is shallow enough)."""
+    params = ModelParams.of(params)
     from workers.models.build import config_of
 
     _, config = config_of(params)
-    how = cost.plan(config, params.get("config") or {})
+    how = cost.plan(config, params.config_overrides)
     if not how.shallow:
         phases, log = _trace(params, cuda, logged)
         return phases, None if log is None else [(e.key, e.nbytes) for e in log.events]
@@ -243,8 +251,8 @@ def _phases(params: Mapping[str, Any], cuda: bool, logged: bool = False) -> tupl
     shallow = []
     events: Logged = None
     for n in SHALLOW:
-        config = {**(params.get("config") or {}), **dict.fromkeys(how.depths, n)}
-        phases, log = _trace({**params, "config": config}, cuda, logged and n == TRACED_DEPTH, n)
+        config = {**params.config_overrides, **dict.fromkeys(how.depths, n)}
+        phases, log = _trace(params.replace(config=config), cuda, logged and n == TRACED_DEPTH, n)
         shallow.append(phases)
         if log is not None:
             events = _deepened(params, cuda, log, layers, how.blocks)
@@ -252,7 +260,7 @@ def _phases(params: Mapping[str, Any], cuda: bool, logged: bool = False) -> tupl
 
 
 def _deepened(
-    params: Mapping[str, Any], cuda: bool, log: AllocationLog, layers: int, blocks: int
+    params: ModelParams, cuda: bool, log: AllocationLog, layers: int, blocks: int
 ) -> Logged:
     """The shallow log deepened to ``layers`` (past MAX_REPLAY_DEPTH, to it and its half
     for a straight line); where its blocks do not repeat cleanly, the model traced whole if
@@ -272,17 +280,20 @@ def _deepened(
         return [(e.key, e.nbytes) for e in whole.events]
 
 
-def _extend_stacks(params: Mapping[str, Any], cuda: bool, depths: Mapping[str, int]) -> Phases:
+def _extend_stacks(
+    params: ModelParams | Mapping[str, Any], cuda: bool, depths: Mapping[str, int]
+) -> Phases:
     """Stacks of different depths (an encoder and a decoder): traced with every stack at 2
     blocks, then each at 3 in turn, and each phase's categories extended along each stack's
     own line."""
+    params = ModelParams.of(params)
     low, high = SHALLOW
-    overrides = params.get("config") or {}
-    base, _ = _trace({**params, "config": {**overrides, **dict.fromkeys(depths, low)}}, cuda)
+    overrides = params.config_overrides
+    base, _ = _trace(params.replace(config={**overrides, **dict.fromkeys(depths, low)}), cuda)
     out = {phase: dict(categories) for phase, categories in base.items()}
     for key, layers in depths.items():
         config = {**overrides, **dict.fromkeys(depths, low), key: high}
-        deeper, _ = _trace({**params, "config": config}, cuda)
+        deeper, _ = _trace(params.replace(config=config), cuda)
         for phase in out.keys() & deeper.keys():
             for k in out[phase]:
                 step = deeper[phase].get(k, 0) - base[phase][k]
@@ -291,11 +302,15 @@ def _extend_stacks(params: Mapping[str, Any], cuda: bool, depths: Mapping[str, i
 
 
 def _trace(
-    params: Mapping[str, Any], cuda: bool, logged: bool = False, blocks: int | None = None
+    params: ModelParams | Mapping[str, Any],
+    cuda: bool,
+    logged: bool = False,
+    blocks: int | None = None,
 ) -> tuple[Phases, AllocationLog | None]:
     """Each phase's peak, by category, from the step traced on fake tensors; with
     ``logged``, the allocation log of the build, step 1 and that step (its events tagged
     with the block of a stack of ``blocks`` they happen in)."""
+    params = ModelParams.of(params)
     semantics = CudaSemantics() if cuda else None
     log = AllocationLog(workspace=CUBLAS_WORKSPACE if cuda else 0) if logged else None
     with FakeTensorMode(allow_non_fake_inputs=True):
@@ -336,7 +351,7 @@ FAKE_ONLY = (
 )
 
 
-def _build(params: Mapping[str, Any]) -> Built:
+def _build(params: ModelParams) -> Built:
     """The model built on fake tensors; a config no model can be built with is a
     CatalogError (the spec would fail on every worker: it is refused, not queued)."""
     try:
@@ -448,7 +463,7 @@ def answer(request: Mapping[str, Any]) -> dict[str, Any]:
     ident = request.get("id")
     limit = request.get("limit_s")
     try:
-        params = request["params"]
+        params = ModelParams.from_wire(request["params"])
         device = str(request.get("device") or "cuda")
         _import_classes(params)
         with cpu_limit(float(limit) if limit else None):
@@ -474,7 +489,7 @@ def answer(request: Mapping[str, Any]) -> dict[str, Any]:
         }
 
 
-def _import_classes(params: Mapping[str, Any]) -> None:
+def _import_classes(params: ModelParams) -> None:
     """Import the modules of the spec's model (transformers imports them lazily)."""
     import transformers
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from vramlab import wire
 from vramlab.contract import Category, ModelFigures, ModelStep, PhasePeak
+from vramlab.runspec import RunSpec
 from vramlab.units import human_bytes
 
 RAW = "model_run"
@@ -76,7 +78,7 @@ def finish(result: dict[str, Any], details: dict[str, Any], records: dict[str, A
         samples_per_s=raw["batch_size"] / wall if wall else None,
         tokens_per_s=raw["tokens_per_step"] / wall if wall and raw["tokens_per_step"] else None,
     )
-    result["model"] = figures.model_dump()
+    result["model"] = wire.dump(figures)
     tally = raw["tally"]
     result["categories"] = at_measured_peak(tally["categories"], reported.peak_allocated)
     details["model_tally"] = {
@@ -105,15 +107,23 @@ def at_measured_peak(tallied: dict[str, int], measured: int) -> dict[str, int]:
     return {str(k): v for k, v in out.items()}
 
 
-def notes(result: dict[str, Any], spec: dict[str, Any]) -> list[str]:
+def notes(result: dict[str, Any], spec: RunSpec) -> list[str]:
     """Plain words on a model experiment's figures."""
     model = result.get("model")
     if not model:
         return []
-    params = spec.get("params") or {}
     said: list[str] = []
-    predicted = (spec.get("prediction") or {}).get("peak_allocated")
-    if predicted:
+    prediction = spec.prediction
+    predicted = prediction.peak_allocated if prediction is not None else None
+    ran_on = "cpu" if str(spec.device) == "cpu" else "cuda"
+    predicted_for = str((prediction.predicted_for if prediction else None) or ran_on)
+    if predicted and not predicted_for.startswith(ran_on):
+        said.append(
+            f"Predicted before it ran, for {predicted_for}: step {model['reported_step']} "
+            f"peaks at {human_bytes(predicted)}; it ran on the {ran_on}, where it measured "
+            f"{human_bytes(model['peak_allocated'])} (not comparable: no device was named)."
+        )
+    elif predicted:
         error = 100 * (predicted - model["peak_allocated"]) / max(1, model["peak_allocated"])
         said.append(
             f"Predicted before it ran: step {model['reported_step']} peaks at "
@@ -142,18 +152,17 @@ def notes(result: dict[str, Any], spec: dict[str, Any]) -> list[str]:
             f"of {human_bytes(peak)} ({100 * cats[top] / peak:.0f}%)."
         )
     if reserved > peak * 1.2 and reserved - peak > 64 * MiB:
-        conf = str(spec.get("allocator") or "")
         said.append(
             f"Reserved ({human_bytes(reserved)}) is far above allocated ({human_bytes(peak)}) "
             f"at the peak: the caching allocator's segments are fragmented"
             + (
                 "."
-                if "expandable" in conf
+                if spec.allocator.expandable_segments
                 else "; allocator settings `expandable_segments: true` usually closes "
                 "most of that gap."
             )
         )
-    if params.get("checkpointing"):
+    if spec.model is not None and spec.model.checkpointing:
         said.append(
             "Activation checkpointing is on: the forward keeps only each layer's input and "
             "recomputes the rest during the backward, so activations are small and the "

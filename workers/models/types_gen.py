@@ -1,4 +1,4 @@
-"""Write app/catalog/model_types.json: the transformers ``model_type``s each Auto class
+"""Write client/vramlab/catalog/model_types.json: the transformers ``model_type``s each Auto class
 builds, by task kind, so that the API (which never imports transformers) can check a
 model name and list what is known.
 
@@ -11,7 +11,7 @@ from pathlib import Path
 from transformers import __version__
 from transformers.models.auto import modeling_auto
 
-OUT = Path(__file__).resolve().parents[2] / "app" / "catalog" / "model_types.json"
+OUT = Path(__file__).resolve().parents[2] / "client" / "vramlab" / "catalog" / "model_types.json"
 
 MAPPINGS = {
     "causal-lm": "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES",

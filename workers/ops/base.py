@@ -8,6 +8,8 @@ from typing import Any
 
 import torch
 
+from vramlab.runspec import ModelParams
+
 Inputs = dict[str, torch.Tensor]
 Outputs = torch.Tensor | tuple[torch.Tensor, ...] | None
 
@@ -19,7 +21,10 @@ class OpContext:
     shape: tuple[int, ...]
     dtype: torch.dtype
     device: torch.device
+    # The op's parameters as the catalog checked them (its own names: see its entry).
     params: Mapping[str, Any]
+    # A model experiment's parameters (op ``model``), typed; None for every other op.
+    model: ModelParams | None = None
     # What the op reports beyond the figures (JSON-able): lands in result["details"].
     extras: dict[str, Any] = field(default_factory=dict)
     # Objects the op keeps between set-up and runs (a module, an optimizer): not reported.

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from app.catalog.dtypes import DTYPES
+from vramlab.catalog.dtypes import DTYPES
 from workers.ops.base import Inputs, Op, OpContext, Outputs, filled, torch_dtype
 
 _COLUMNS: dict[str, Callable[[torch.Tensor], Any]] = {

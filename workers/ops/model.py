@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from vramlab.runspec import ModelParams
 from workers import sections
 from workers.models.build import build
 from workers.models.steps import run_step, tally_step, tokens_per_step
@@ -26,8 +27,14 @@ from workers.ops.base import Inputs, Op, OpContext, Outputs
 SECTION = "model.step{step}.{phase}.{n}"  # a phase's section; n counts micro-batches
 
 
+def _model(ctx: OpContext) -> ModelParams:
+    if ctx.model is None:
+        raise ValueError("op 'model' runs a spec with model params")
+    return ctx.model
+
+
 def _setup(ctx: OpContext) -> Inputs:
-    built = build(ctx.params, ctx.device)
+    built = build(_model(ctx), ctx.device)
     ctx.state["built"] = built
     return dict(built.inputs)
 
@@ -38,7 +45,7 @@ def _run(inputs: Inputs, ctx: OpContext) -> Outputs:
     cuda = device.type == "cuda"
     phases: list[dict[str, Any]] = []
     steps: list[dict[str, Any]] = []
-    for step in range(1, int(ctx.params.get("steps", 2)) + 1):
+    for step in range(1, _model(ctx).steps + 1):
         counts: dict[str, int] = {}
 
         @contextmanager

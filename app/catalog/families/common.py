@@ -3,8 +3,8 @@
 from collections.abc import Mapping
 from typing import Any
 
-from app.catalog.dtypes import COMPLEX_DTYPES, DTYPES, FLOATING_DTYPES
 from app.catalog.model import GRAD_DTYPES, Param, TensorPlan, TensorSpec
+from vramlab.catalog.dtypes import COMPLEX_DTYPES, DTYPES, FLOATING_DTYPES
 
 Params = Mapping[str, Any]
 Shape = tuple[int, ...]

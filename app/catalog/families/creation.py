@@ -1,8 +1,8 @@
 """Creation ops: a tensor made on the device, nothing before it."""
 
-from app.catalog.dtypes import fill_problem
 from app.catalog.families.common import ALL, NUMERIC, RANDOM, Params, Shape
 from app.catalog.model import CatalogError, OpEntry, Param, TensorPlan, TensorSpec
+from vramlab.catalog.dtypes import fill_problem
 
 
 def _creation(shape: Shape, params: Params, dtype: str, device: str) -> TensorPlan:

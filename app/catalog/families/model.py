@@ -8,15 +8,19 @@ because the API never imports torch) and measured by the worker (workers/models/
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from app.catalog.families.common import Params, Shape
 from app.catalog.model import CatalogError, OpEntry, Param, TensorPlan
-from app.catalog.model_zoo import KINDS, UnknownModel, resolve
+from vramlab.catalog.model_zoo import UnknownModel, resolve
+from vramlab.runspec import (
+    DEFAULT_NEW_TOKENS,
+    MODEL_OP,
+    model_default,
+    model_param_fields,
+)
 
-TASKS = ("train", "inference", "generate")
-PRECISIONS = ("fp32", "bf16", "fp16", "bf16-autocast", "fp16-autocast")
-OPTIMIZERS = ("sgd", "sgd-momentum", "adam", "adamw", "adafactor")
-OPTIMIZER_IMPLS = ("default", "for-loop", "foreach", "fused")
-ATTENTIONS = ("sdpa", "eager")
 # Which implementations each optimizer has in PyTorch.
 _IMPLS = {
     "sgd": ("default", "for-loop", "foreach", "fused"),
@@ -81,7 +85,7 @@ def check_model(params: Params) -> None:
     limit = limit or _POSITIONS_DEFAULT.get(resolved.model_type)
     seq_len = params["seq_len"] or 0
     if task == "generate":
-        seq_len += params["new_tokens"] or 16
+        seq_len += params["new_tokens"] or DEFAULT_NEW_TOKENS
     if isinstance(limit, int) and seq_len > limit:
         raise CatalogError(
             "params.seq_len",
@@ -99,112 +103,29 @@ def _plan(shape: Shape, params: Params, dtype: str, device: str) -> TensorPlan:
     return TensorPlan(inputs=(), outputs=(), caveats=(MODEL_CAVEAT,))
 
 
+def _param(f: dataclasses.Field[Any]) -> Param:
+    """A catalog parameter from a ``ModelParams`` field: its default and what it says."""
+    meta = f.metadata
+    return Param(
+        f.name,
+        meta["kind"],
+        meta["description"],
+        default=model_default(f.name),
+        minimum=meta["minimum"],
+        maximum=meta["maximum"],
+        choices=meta["choices"],
+        required=meta["required"],
+    )
+
+
 ENTRIES = (
     OpEntry(
-        "model",
+        MODEL_OP,
         "a real model's training step, forward pass or generation (transformers, random "
         "weights): peaks per phase and step, and what held memory at the peak by category",
         _plan,
-        params=(
-            Param(
-                "model",
-                "text",
-                "a preset (gpt2, llama-8b, ...) or a transformers model_type",
-                required=True,
-            ),
-            Param("config", "mapping", 'config overrides, e.g. {"n_layer": 6}', default=None),
-            Param(
-                "head",
-                "choice",
-                "which Auto class builds a model_type (default: its first)",
-                default=None,
-                choices=KINDS,
-            ),
-            Param(
-                "task",
-                "choice",
-                "train (two steps, step 2 reported), inference or generate",
-                default="train",
-                choices=TASKS,
-            ),
-            Param("batch_size", "int", "samples per step", default=1, minimum=1, maximum=65536),
-            Param(
-                "seq_len",
-                "int",
-                "tokens per sample (text models; default 128)",
-                default=None,
-                minimum=1,
-                maximum=1048576,
-            ),
-            Param(
-                "image_size",
-                "int",
-                "pixels per side (image models; default the config's)",
-                default=None,
-                minimum=8,
-                maximum=8192,
-            ),
-            Param(
-                "precision",
-                "choice",
-                "weights dtype, or fp32 weights under autocast",
-                default="fp32",
-                choices=PRECISIONS,
-            ),
-            Param(
-                "optimizer",
-                "choice",
-                "the optimizer of a training step",
-                default="adamw",
-                choices=OPTIMIZERS,
-            ),
-            Param(
-                "optimizer_impl",
-                "choice",
-                "PyTorch's implementation of the optimizer",
-                default="default",
-                choices=OPTIMIZER_IMPLS,
-            ),
-            Param(
-                "checkpointing",
-                "bool",
-                "activation checkpointing (gradient checkpointing)",
-                default=False,
-            ),
-            Param(
-                "micro_batches",
-                "int",
-                "gradient accumulation: micro-batches per step",
-                default=1,
-                minimum=1,
-                maximum=1024,
-            ),
-            Param(
-                "new_tokens",
-                "int",
-                "tokens decoded after the prefill (generate; default 16)",
-                default=None,
-                minimum=1,
-                maximum=8192,
-            ),
-            Param(
-                "attention",
-                "choice",
-                "attention implementation",
-                default="sdpa",
-                choices=ATTENTIONS,
-            ),
-            Param(
-                "steps", "int", "steps run; the last is reported", default=2, minimum=1, maximum=10
-            ),
-            Param(
-                "capacity_bytes",
-                "int",
-                "emulate a smaller card: the memory this run may use",
-                default=None,
-                minimum=1,
-            ),
-        ),
+        # Declared once, as ModelParams' fields (vramlab.runspec): a new knob is a field.
+        params=tuple(_param(f) for f in model_param_fields()),
         dtypes=("float32",),
         devices=("cpu", "cuda"),
         tags=("model",),

@@ -12,7 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from app.catalog.devices import canonical_device
 from app.catalog.model import CatalogError
 from app.catalog.scenario.bounds import (
     MAX_EXECUTED_STEPS,
@@ -24,7 +23,8 @@ from app.catalog.scenario.bounds import (
 from app.catalog.scenario.ledger import Ledger
 from app.catalog.scenario.steps import HANDLERS, get
 from app.catalog.scenario.vocabulary import ALLOWED, FIELDS, STEP_KINDS, step_title
-from vramlab.contract import Prediction, StepPrediction
+from app.core.contract import Prediction, StepPrediction
+from vramlab.catalog.devices import canonical_device
 
 
 def _run(state: Ledger, steps: Any, where: str, depth: int) -> list[StepPrediction]:

@@ -7,8 +7,6 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from app.catalog.devices import canonical_device
-from app.catalog.dtypes import DTYPES, fill_problem
 from app.catalog.model import CatalogError, TensorSpec, check_shape
 from app.catalog.rounding import rounded_block_bytes
 from app.catalog.scenario.bounds import MAX_LIST
@@ -21,6 +19,8 @@ from app.catalog.scenario.vocabulary import (
     TWO_ARGS,
 )
 from app.catalog.shapes import broadcast, matmul_shape, norm_dim
+from vramlab.catalog.devices import canonical_device
+from vramlab.catalog.dtypes import DTYPES, fill_problem
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,31}$")
 

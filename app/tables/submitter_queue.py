@@ -5,7 +5,7 @@ however long the queue is."""
 from sqlalchemy import String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.models.base import Base
+from app.tables.base import Base
 
 # The key of experiments submitted without a token (the open service).
 OPEN_SUBMITTER = ""

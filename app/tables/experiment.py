@@ -6,12 +6,12 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import BigInteger, ForeignKey, Index, String, Text
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from app.models.base import Base, utcnow
-from vramlab import contract
+from app.core import contract as models
+from app.tables.base import Base, utcnow
 
 if TYPE_CHECKING:
-    from app.models.result import Result
-    from app.models.tag import ExperimentTag
+    from app.tables.result import Result
+    from app.tables.tag import ExperimentTag
 
 
 class Experiment(Base):
@@ -93,18 +93,18 @@ class Experiment(Base):
     )
 
     @property
-    def predicted(self) -> contract.Prediction | None:
+    def predicted(self) -> models.Prediction | None:
         """The catalog's prediction; None for an imported snapshot (nothing was planned)."""
-        return contract.Prediction.model_validate(self.prediction) if self.prediction else None
+        return models.Prediction.model_validate(self.prediction) if self.prediction else None
 
     @property
-    def measured(self) -> contract.Result | contract.SnapshotResult | None:
+    def measured(self) -> models.Result | models.SnapshotResult | None:
         """The stored result as the contract's model (validated when it was reported)."""
         if self.result is None:
             return None
         if self.kind == "snapshot":
-            return contract.SnapshotResult.model_validate(self.result.data)
-        return contract.Result.model_validate(self.result.data)
+            return models.SnapshotResult.model_validate(self.result.data)
+        return models.Result.model_validate(self.result.data)
 
     @property
     def tags(self) -> list[str]:

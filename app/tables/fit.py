@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy import BigInteger, Index, String, Text
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.models.base import Base, utcnow
+from app.tables.base import Base, utcnow
 
 
 class Fit(Base):

@@ -7,7 +7,7 @@ from datetime import datetime
 from sqlalchemy import BigInteger, ForeignKey, LargeBinary, String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.models.base import Base, utcnow
+from app.tables.base import Base, utcnow
 
 
 class Snapshot(Base):

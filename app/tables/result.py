@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import ForeignKey, String
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from app.models.base import Base, utcnow
+from app.tables.base import Base, utcnow
 
 if TYPE_CHECKING:
-    from app.models.experiment import Experiment
+    from app.tables.experiment import Experiment
 
 
 class Result(Base):

@@ -12,7 +12,7 @@ loads it.
 from sqlalchemy import ForeignKey, Integer, LargeBinary
 from sqlalchemy.orm import Mapped, deferred, mapped_column
 
-from app.models.base import Base
+from app.tables.base import Base
 
 
 class TraceChunk(Base):

@@ -6,7 +6,7 @@ from typing import Any
 from sqlalchemy import String
 from sqlalchemy.orm import Mapped, mapped_column
 
-from app.models.base import Base, utcnow
+from app.tables.base import Base, utcnow
 
 
 class ApiToken(Base):

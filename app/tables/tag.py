@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 from sqlalchemy import ForeignKey, Index, String
 from sqlalchemy.orm import Mapped, mapped_column, relationship
 
-from app.models.base import Base
+from app.tables.base import Base
 
 if TYPE_CHECKING:
-    from app.models.experiment import Experiment
+    from app.tables.experiment import Experiment
 
 
 class ExperimentTag(Base):

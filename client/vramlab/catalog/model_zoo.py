@@ -12,10 +12,13 @@ import json
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-Kind = Literal["causal-lm", "masked-lm", "seq2seq-lm", "image-classification"]
-KINDS: tuple[Kind, ...] = ("causal-lm", "masked-lm", "seq2seq-lm", "image-classification")
+from vramlab.runspec import HEADS, Head
+
+# The task kinds (a model spec's ``head``), declared with the run spec.
+Kind = Head
+KINDS: tuple[Kind, ...] = HEADS
 # A model_type that several Auto classes build gets the first kind here that has it
 # (BERT is a masked LM first, BART and T5 are seq2seq first); ``params.head`` overrides.
 KIND_PREFERENCE: tuple[Kind, ...] = ("seq2seq-lm", "masked-lm", "causal-lm", "image-classification")
