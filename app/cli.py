@@ -213,6 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker_cli.add_parser(sub)
 
+    from app.experiments import predictor_service  # its children need torch; it does not
+
+    predictor_service.add_parser(sub)
+
     p = sub.add_parser("migrate", help="upgrade the database schema (Alembic)")
     p.set_defaults(func=cmd_migrate)
 

@@ -60,13 +60,24 @@ class Settings(BaseSettings):
     # The tensors a spec predicts (inputs and outputs) may not pass this many bytes.
     max_experiment_bytes: Bytes = 16 * 2**30
     max_timeout_s: float = 3600.0
-    # Model experiments are predicted before they queue, by a warm child process of each
-    # API process (torch and transformers beside the API; without them, no prediction).
+    # Model experiments are predicted before they queue (app/experiments/predictor.py):
+    # by a predictor service where its URL is set (deployments: the API image has no
+    # torch), else by warm child processes of each API process (torch and transformers
+    # beside the API; without them and without a URL, no prediction).
     model_predictions: bool = True
-    # One prediction's limit (the first includes importing torch and transformers), and
-    # how long a request waits while the predictor answers another.
-    model_predict_timeout_s: float = Field(default=120.0, gt=0)
+    predictor_url: str | None = None
+    # The predictor service's bearer token (`vramlab predictor` requires it where set).
+    predictor_token: str | None = None
+    # Children per API process (or requests in flight to the service), and how much
+    # lower than the API's their CPU priority is (nice).
+    model_predictor_children: int = Field(default=2, ge=1, le=64)
+    model_predictor_nice: int = Field(default=10, ge=0, le=19)
+    # One prediction's limit in CPU seconds (a child's start, importing torch, is not
+    # counted), how long a spec waits for a free child, and how many specs one submitter
+    # may have waiting.
+    model_predict_timeout_s: float = Field(default=5.0, gt=0)
     model_predict_wait_s: float = Field(default=30.0, gt=0)
+    model_predict_per_submitter: int = Field(default=16, ge=1)
     max_repeat: int = 1000
     # Ops tagged `diagnostic` (sleep, abort) exist to test timeouts and crashes.
     diagnostic_ops: bool = False

@@ -15,12 +15,16 @@ from app.api.deps import (
     SettingsDep,
     require,
 )
-from app.core.errors import ERROR_RESPONSES
+from app.catalog import CatalogError
+from app.core.errors import ERROR_RESPONSES, InvalidSpec
+from app.experiments import predictor as predictor_service
 from app.experiments import service as experiments
 from app.experiments import submissions
 from app.experiments import views as experiment_views
+from app.experiments.predictor import INTERNAL
 from app.experiments.schemas import ExperimentOut, ExperimentPage
 from app.experiments.spec_schemas import ExperimentSpec
+from app.experiments.specs import MODEL_OP
 from app.queue import local_worker
 from vramlab.contract import Status
 
@@ -50,16 +54,37 @@ async def submit(
     local = local_worker.of(trip.request)
     await local.ready()  # `vramlab up`'s worker, while it starts: it chooses the device
     # The caller's look-up, planning, the insert and the commit in one trip to the thread
-    # pool (app/experiments/submissions.py).
+    # pool (app/experiments/submissions.py); a model spec's prediction is awaited before
+    # it, holding no thread.
+    caller = partial(trip.principal, scope="submit")
+    predicted, submitter, predict_for = None, INTERNAL, None
+    if spec.op == MODEL_OP and trip.settings.model_predictions:
+        address = trip.request.client.host if trip.request.client else None
+        prepared = await run_in_threadpool(
+            submissions.prepare, trip.db, caller, spec, trip.settings, trip.now, address
+        )
+        spec, question, submitter = prepared.spec, prepared.question, prepared.submitter
+        predict_for = prepared.predict_for
+        predictor = predictor_service.shared(trip.settings)
+        if question is not None and predictor is not None:
+            try:
+                predicted = await predictor.apredict(
+                    question.params, question.device_type, question.allocator, submitter
+                )
+            except CatalogError as exc:
+                raise InvalidSpec(exc.field, exc.message) from None
     out, replayed = await run_in_threadpool(
         submissions.submit,
         trip.db,
-        partial(trip.principal, scope="submit"),
+        caller,
         spec,
         trip.settings,
         trip.signal,
         trip.now,
         idempotency_key,
+        predicted,
+        submitter,
+        predict_for,
     )
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"

@@ -1,37 +1,66 @@
-"""Predictions of model experiments, from a warm child process beside the API.
+"""Predictions of model experiments: one interface, a fair pool, two back ends.
 
 The API never imports torch; predicting a model's step needs torch and transformers (the
-step is traced on fake tensors, workers/models/predict.py). So each API process keeps one
-child, ``python -m workers.models.predict``, and talks to it in JSON lines: one request,
-one answer, one at a time. Answers are cached by spec. Without torch or transformers on
-the API's host (the API image has neither) there is no prediction and the answer says so.
+step is traced on fake tensors, workers/models/predict.py). Each API process has one
+``Predictor`` (``shared(settings)``), whose answers come from one of two back ends
+(app/experiments/predictor_backends.py): children of its own (``python -m
+workers.models.predict``, as under ``vramlab up``: ``VRAMLAB_MODEL_PREDICTOR_CHILDREN`` of
+them, at a lower CPU priority than the API), or a predictor service
+(``VRAMLAB_PREDICTOR_URL``, ``vramlab predictor``) for deployments whose API image has no
+torch. Without either, there is no prediction and the answer says so.
+
+Entry points (for submits, fits and plans alike):
+
+- ``predictor.predict(params, device_type, allocator=None, submitter=INTERNAL)`` blocks
+  its thread until the answer: a ``ModelPrediction``; ``CatalogError`` for a spec the
+  predictor refuses (it cannot be built, it is too costly to trace, or its prediction
+  passed the limit); ``Busy`` (503) when the predictor cannot take it now.
+- ``await predictor.apredict(...)``, the same without holding a thread while it waits.
+
+Every spec is answered once: answers, refusals and time-outs are remembered by spec (a
+time-out for ``TIMEOUT_MEMORY_S``), and a spec asked again while it is being predicted
+waits for that answer. Specs waiting for a lane are served in turns across submitters
+(a submitter is its token, or its address when auth is off), each with at most
+``per_submitter`` waiting and, while others have asked in the last minute, on all lanes
+but one at most: one submitter's flood delays its own specs, not others'.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import importlib.util
 import json
 import logging
-import os
-import queue
-import subprocess
-import sys
 import threading
-from collections import OrderedDict
+import time
+from collections import OrderedDict, deque
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import IO, Any
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from typing import Any
 
 from app.catalog import CatalogError
+from app.core.config import Settings
 from app.core.db import Busy
+from app.experiments.predictor_backends import (
+    Backend,
+    Children,
+    Remote,
+    TimedOut,
+    Unavailable,
+)
 
 log = logging.getLogger(__name__)
 
 CACHE_SIZE = 512
+TIMEOUT_MEMORY_S = 600.0  # a time-out is remembered this long (a busy machine heals)
+SHARED_S = 60.0  # submitters heard from within this long share the lanes
+PASSED_LIMIT = "passed the limit"  # in a refusal for time (the predictor's and the service's)
+INTERNAL = "vramlab"  # the submitter of the service's own predictions (fit searches)
 UNAVAILABLE = (
     "no model predictor on this API host (torch and transformers are not installed "
-    "beside it): the peak is measured, not predicted"
+    "beside it, and no VRAMLAB_PREDICTOR_URL is set): the peak is measured, not predicted"
 )
 
 
@@ -52,147 +81,318 @@ def installed() -> bool:
     return all(importlib.util.find_spec(name) is not None for name in ("torch", "transformers"))
 
 
-class Predictor:
-    """One warm ``workers.models.predict`` child; thread-safe, one request at a time."""
+@dataclass
+class _Job:
+    key: str
+    request: dict[str, Any]
+    deadline: float  # a lane must take it by then (monotonic), or it is answered Busy
+    waiters: list[Future[ModelPrediction | CatalogError]] = field(default_factory=list)
 
-    def __init__(self, timeout_s: float, wait_s: float) -> None:
-        self.timeout_s = timeout_s  # one answer (the first includes importing torch)
-        self.wait_s = wait_s  # how long a request waits for the child to be free
-        self._lock = threading.Lock()
-        self._proc: subprocess.Popen[str] | None = None
-        self._lines: queue.Queue[str | None] = queue.Queue()
-        self._cache: OrderedDict[str, ModelPrediction | CatalogError] = OrderedDict()
+
+class Predictor:
+    """A pool of lanes (one back-end child or connection each), fair across submitters."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        timeout_s: float,
+        wait_s: float,
+        per_submitter: int = 16,
+    ) -> None:
+        self.backend = backend
+        self.timeout_s = timeout_s  # one prediction, once a lane has it
+        self.wait_s = wait_s  # how long a spec may wait for a lane
+        self.per_submitter = per_submitter
+        self._cond = threading.Condition()
+        self._queues: dict[str, deque[_Job]] = {}
+        self._turns: deque[str] = deque()  # submitters with specs waiting, next first
+        self._inflight: dict[str, _Job] = {}
+        self._running: dict[str, int] = {}  # specs on a lane, by submitter
+        self._seen: dict[str, float] = {}  # when each submitter last asked (monotonic)
+        self._cache: OrderedDict[str, tuple[ModelPrediction | CatalogError, float]] = OrderedDict()
+        self._threads: list[threading.Thread] = []
+        self._closed = False
         self._next = 0
-        self._cache_lock = threading.Lock()
+
+    # The interface.
 
     def predict(
         self,
         params: Mapping[str, Any],
         device_type: str,
         allocator: Mapping[str, Any] | None = None,
+        submitter: str = INTERNAL,
     ) -> ModelPrediction:
         """The predicted peak of the spec's reported step (``allocator``: the spec's
-        caching-allocator settings, which change what is reserved); CatalogError for a
-        spec the predictor refuses; Busy (503) when it is taken or too slow."""
+        caching-allocator settings, which change what is reserved). Blocks its thread."""
+        future = self.submit(params, device_type, allocator, submitter)
+        try:
+            return _unwrap(future.result(timeout=self._patience()))
+        except FutureTimeout:
+            future.cancel()
+            raise self._too_long() from None
+
+    async def apredict(
+        self,
+        params: Mapping[str, Any],
+        device_type: str,
+        allocator: Mapping[str, Any] | None = None,
+        submitter: str = INTERNAL,
+    ) -> ModelPrediction:
+        """``predict`` for a coroutine: it waits without holding a thread."""
+        future = self.submit(params, device_type, allocator, submitter)
+        try:
+            outcome = await asyncio.wait_for(asyncio.wrap_future(future), self._patience())
+        except TimeoutError:
+            raise self._too_long() from None
+        return _unwrap(outcome)
+
+    def submit(
+        self,
+        params: Mapping[str, Any],
+        device_type: str,
+        allocator: Mapping[str, Any] | None,
+        submitter: str,
+    ) -> Future[ModelPrediction | CatalogError]:
+        """A future of the spec's answer (done at once if it is remembered); Busy when
+        the submitter already has ``per_submitter`` specs waiting."""
         allocator = dict(allocator or {})
         key = json.dumps([params, device_type, allocator], sort_keys=True)
-        hit = self._cached(key)
-        if hit is None:
-            if not self._lock.acquire(timeout=self.wait_s):
-                raise Busy("the model predictor is busy with other specs", retry_after=2)
-            try:
-                hit = self._cached(key)
-                if hit is None:
-                    hit = self._ask(dict(params), device_type, allocator)
-                    with self._cache_lock:
-                        self._cache[key] = hit
-                        while len(self._cache) > CACHE_SIZE:
-                            self._cache.popitem(last=False)
-            finally:
-                self._lock.release()
-        if isinstance(hit, CatalogError):
-            raise hit
-        return hit
+        future: Future[ModelPrediction | CatalogError] = Future()
+        with self._cond:
+            if self._closed:
+                raise Busy("the model predictor is stopping", retry_after=2)
+            hit = self._remembered(key)
+            if hit is not None:
+                future.set_result(hit)
+                return future
+            self._seen[submitter] = time.monotonic()
+            if len(self._seen) > 4 * CACHE_SIZE:  # forget those not heard from lately
+                self._seen = {
+                    k: t for k, t in self._seen.items() if time.monotonic() - t < SHARED_S
+                }
+            job = self._inflight.get(key)
+            if job is None:
+                waiting = self._queues.setdefault(submitter, deque())
+                if len(waiting) >= self.per_submitter:
+                    raise Busy(
+                        f"you have {len(waiting)} model specs waiting for a prediction; "
+                        f"submit more once they are answered",
+                        retry_after=2,
+                    )
+                self._next += 1
+                request = {
+                    "id": self._next,
+                    "params": dict(params),
+                    "device": device_type,
+                    "allocator": allocator,
+                    "submitter": submitter,
+                    "limit_s": self.timeout_s,
+                }
+                job = _Job(key, request, time.monotonic() + self.wait_s)
+                waiting.append(job)
+                if submitter not in self._turns:
+                    self._turns.append(submitter)
+                self._inflight[key] = job
+                self._start_lanes()
+                self._cond.notify()
+            job.waiters.append(future)
+        return future
 
     def close(self) -> None:
-        proc, self._proc = self._proc, None
-        if proc is not None:
-            with contextlib.suppress(OSError):
-                proc.kill()
-            proc.wait()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self.backend.close()
 
-    # Internals.
+    # The lanes.
 
-    def _cached(self, key: str) -> ModelPrediction | CatalogError | None:
-        with self._cache_lock:
-            hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-            return hit
+    def _start_lanes(self) -> None:
+        if self._threads:
+            return
+        for lane in range(self.backend.lanes):
+            thread = threading.Thread(target=self._lane, args=(lane,), daemon=True)
+            thread.start()
+            self._threads.append(thread)
 
-    def _start(self) -> subprocess.Popen[str]:
-        env = {
-            **os.environ,
-            "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1",
-            "CUDA_VISIBLE_DEVICES": "",  # it predicts; it never touches a GPU
-            "PYTHONUNBUFFERED": "1",
-        }
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "workers.models.predict"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-            env=env,
-        )
-        self._lines = queue.Queue()
-        threading.Thread(target=_pump, args=(proc.stdout, self._lines), daemon=True).start()
-        return proc
+    def _lane(self, lane: int) -> None:
+        while not self._closed:
+            try:
+                self.backend.warm(lane)  # before it takes a spec: a start is not a prediction
+            except Unavailable as exc:
+                log.warning("%s", exc)
+                time.sleep(1)
+            job = self._take()
+            if job is None:
+                break
+            if all(w.cancelled() for w in job.waiters):
+                self._settle(job, None)
+                continue
+            if time.monotonic() > job.deadline:
+                self._settle(job, Busy("the model predictor is busy", retry_after=2))
+                continue
+            try:
+                # The child stops at timeout_s of CPU time; the wall clock only backs it up
+                # (a busy machine runs a nice'd child slowly, through no fault of the spec).
+                wall = 4 * self.timeout_s + 20
+                answer = self.backend.ask(lane, job.request, wall)
+                outcome: ModelPrediction | CatalogError | Busy = _outcome(answer)
+            except TimedOut:
+                outcome = CatalogError(
+                    "params",
+                    f"predicting this spec {PASSED_LIMIT}: no answer in {wall:g} s; it is "
+                    f"refused; a smaller model or config predicts in time",
+                )
+            except Unavailable as exc:
+                outcome = Busy(str(exc), retry_after=5)
+            except Exception as exc:  # a bug here must not stop the lane
+                log.exception("model predictor lane %d failed", lane)
+                outcome = Busy(f"the model predictor failed: {exc}", retry_after=5)
+            self._settle(job, outcome)
+        self.backend.close()  # a child started while the pool closed goes with it
 
-    def _ask(
-        self, params: dict[str, Any], device_type: str, allocator: dict[str, Any]
-    ) -> ModelPrediction | CatalogError:
-        if self._proc is None or self._proc.poll() is not None:
-            self._proc = self._start()
-        self._next += 1
-        ident = self._next
-        request = {"id": ident, "params": params, "device": device_type, "allocator": allocator}
-        try:
-            assert self._proc.stdin is not None
-            self._proc.stdin.write(json.dumps(request) + "\n")
-            self._proc.stdin.flush()
-            while True:
-                line = self._lines.get(timeout=self.timeout_s)
-                if line is None:
-                    raise EOFError("the predictor exited")
-                answer = json.loads(line)
-                if answer.get("id") == ident:
+    def _take(self) -> _Job | None:
+        """The next submitter's next spec, in turns; while others have asked lately, a
+        submitter already running on all lanes but one waits (a lane stays free for
+        them)."""
+        with self._cond:
+            while not self._closed:
+                now = time.monotonic()
+                recent = sum(1 for t in self._seen.values() if now - t < SHARED_S)
+                cap = max(1, self.backend.lanes - 1) if recent > 1 else self.backend.lanes
+                submitter = next(
+                    (who for who in self._turns if self._running.get(who, 0) < cap), None
+                )
+                if submitter is not None:
                     break
-        except (OSError, EOFError, ValueError, queue.Empty) as exc:
-            log.warning("model predictor failed (%s); it restarts on the next request", exc)
-            self.close()
-            raise Busy(
-                f"the model predictor did not answer within {self.timeout_s:g} s", retry_after=5
-            ) from None
-        error = answer.get("error")
-        if error is not None and error.get("unpredictable"):
-            return ModelPrediction(None, None, None, (str(error.get("message")),))
-        if error is not None:
-            return CatalogError(str(error.get("field", "params")), str(error.get("message")))
-        return ModelPrediction(
-            peak_allocated=int(answer["peak_allocated"]),
-            peak_reserved=int(answer["peak_reserved"]),
-            categories={k: int(v) for k, v in answer.get("categories", {}).items()},
-            caveats=tuple(answer.get("caveats", ())),
-            seconds=float(answer.get("seconds", 0.0)),
+                self._cond.wait()
+            else:
+                return None
+            self._turns.remove(submitter)
+            waiting = self._queues[submitter]
+            job = waiting.popleft()
+            if waiting:
+                self._turns.append(submitter)  # its next spec waits for everyone else's turn
+            else:
+                del self._queues[submitter]
+            self._running[submitter] = self._running.get(submitter, 0) + 1
+            return job
+
+    def _settle(self, job: _Job, outcome: ModelPrediction | CatalogError | Busy | None) -> None:
+        with self._cond:
+            self._inflight.pop(job.key, None)
+            who = job.request["submitter"]
+            self._running[who] -= 1
+            if not self._running[who]:
+                del self._running[who]
+            self._cond.notify_all()  # a submitter at its cap may go on
+            if isinstance(outcome, ModelPrediction | CatalogError):
+                timed_out = isinstance(outcome, CatalogError) and PASSED_LIMIT in outcome.message
+                expires = time.monotonic() + TIMEOUT_MEMORY_S if timed_out else float("inf")
+                self._cache[job.key] = (outcome, expires)
+                while len(self._cache) > CACHE_SIZE:
+                    self._cache.popitem(last=False)
+            waiters = list(job.waiters)
+        for waiter in waiters:
+            if outcome is None or waiter.cancelled():
+                continue
+            if isinstance(outcome, Busy):
+                waiter.set_exception(outcome)
+            else:
+                waiter.set_result(outcome)
+
+    def _remembered(self, key: str) -> ModelPrediction | CatalogError | None:
+        hit = self._cache.get(key)
+        if hit is None:
+            return None
+        outcome, expires = hit
+        if time.monotonic() > expires:
+            del self._cache[key]
+            return None
+        self._cache.move_to_end(key)
+        return outcome
+
+    def _patience(self) -> float:
+        return self.wait_s + 5 * self.timeout_s + 30  # the lane's own limits settle it first
+
+    def _too_long(self) -> Busy:
+        return Busy("the model predictor did not answer in time", retry_after=5)
+
+
+def _unwrap(outcome: ModelPrediction | CatalogError) -> ModelPrediction:
+    if isinstance(outcome, CatalogError):
+        raise outcome
+    return outcome
+
+
+def _outcome(answer: Mapping[str, Any]) -> ModelPrediction | CatalogError:
+    error = answer.get("error")
+    if error is not None and error.get("unpredictable"):
+        return ModelPrediction(None, None, None, (str(error.get("message")),))
+    if error is not None:
+        return CatalogError(str(error.get("field", "params")), str(error.get("message")))
+    return ModelPrediction(
+        peak_allocated=int(answer["peak_allocated"]),
+        peak_reserved=int(answer["peak_reserved"]),
+        categories={k: int(v) for k, v in answer.get("categories", {}).items()},
+        caveats=tuple(answer.get("caveats", ())),
+        seconds=float(answer.get("seconds", 0.0)),
+    )
+
+
+def make(settings: Settings) -> Predictor | None:
+    """A predictor for these settings: the service at ``predictor_url``, else children
+    of this process's own; None where neither is possible (or predictions are off)."""
+    if not settings.model_predictions:
+        return None
+    backend: Backend
+    if settings.predictor_url:
+        backend = Remote(
+            settings.predictor_url,
+            settings.model_predictor_children,
+            settings.predictor_token,
+            settings.model_predict_wait_s,
         )
+    elif installed():
+        backend = Children(settings.model_predictor_children, settings.model_predictor_nice)
+    else:
+        return None
+    return Predictor(
+        backend,
+        settings.model_predict_timeout_s,
+        settings.model_predict_wait_s,
+        settings.model_predict_per_submitter,
+    )
 
 
-def _pump(stream: IO[str] | None, lines: queue.Queue[str | None]) -> None:
-    assert stream is not None
-    for line in stream:
-        if line.strip():
-            lines.put(line)
-    lines.put(None)
-
-
-_shared: Predictor | None = None
+_shared: dict[str, Predictor | None] = {}
 _shared_lock = threading.Lock()
 
 
-def shared(timeout_s: float, wait_s: float) -> Predictor | None:
-    """This process's predictor, or None where torch and transformers are missing."""
-    global _shared
-    if not installed():
-        return None
+def shared(settings: Settings) -> Predictor | None:
+    """This process's predictor for these settings (one per distinct back end and
+    limits), or None where there is none."""
+    key = json.dumps(
+        [
+            settings.model_predictions,
+            settings.predictor_url,
+            settings.predictor_token,
+            settings.model_predictor_children,
+            settings.model_predictor_nice,
+            settings.model_predict_timeout_s,
+            settings.model_predict_wait_s,
+            settings.model_predict_per_submitter,
+        ]
+    )
     with _shared_lock:
-        if _shared is None:
-            _shared = Predictor(timeout_s, wait_s)
-        return _shared
+        if key not in _shared:
+            _shared[key] = make(settings)
+        return _shared[key]
 
 
 def close_shared() -> None:
     with _shared_lock:
-        if _shared is not None:
-            _shared.close()
+        for predictor in _shared.values():
+            if predictor is not None:
+                predictor.close()
+        _shared.clear()

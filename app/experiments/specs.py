@@ -76,6 +76,27 @@ def _plan(spec: ExperimentSpec, device: str, cache: PlanCache | None) -> _Planne
     return _Planned(params, plan.total_bytes, plan.devices, plan.prediction(device))
 
 
+@dataclass(frozen=True)
+class ModelQuestion:
+    """What the model predictor is asked for a spec (``Predictor.predict``'s arguments)."""
+
+    params: dict[str, Any]
+    device_type: str
+    allocator: dict[str, Any]
+
+
+def model_question(accepted: AcceptedSpec, predict_for: str | None = None) -> ModelQuestion | None:
+    """The question a model spec accepted without its prediction asks (None: not a model
+    spec); see ``accept(..., predict_models=False)``. ``predict_for``: as ``accept``'s."""
+    spec = accepted.spec
+    if spec.op != MODEL_OP or spec.device is None:
+        return None
+    device_type = predict_for or ("cpu" if spec.device == "cpu" else "cuda")
+    return ModelQuestion(
+        dict(spec.params), device_type, spec.allocator.model_dump(exclude_none=True)
+    )
+
+
 def predicted_for(device_type: str) -> str:
     """Which device a model's predicted figures are for, in the words every view shows."""
     return "cuda (H100-class)" if device_type == "cuda" else "cpu"
@@ -122,25 +143,25 @@ def _predict_model(
     params: dict[str, Any],
     device: str,
     settings: Settings,
+    predicted: predictor_service.ModelPrediction | None,
+    submitter: str,
     predict_for: str | None = None,
 ) -> dict[str, Any]:
     """A model spec's predicted peak, categories and caveats (prediction fields), or a
     caveat saying why there is none; 422 when its predicted peak passes the service's cap
-    (unless ``capacity_bytes`` already bounds the run below the cap). ``predict_for``: a
-    device type to predict for other than the one it runs on (a spec that named none, on
-    a service whose workers offer only the CPU, is predicted for CUDA)."""
+    (unless ``capacity_bytes`` already bounds the run below the cap). ``predicted``: the
+    answer already asked for (an async submit waits for it without a thread).
+    ``predict_for``: a device type to predict for other than the one it runs on (a spec
+    that named none, on a service whose workers offer only the CPU, is predicted for
+    CUDA)."""
     device_type = predict_for or ("cpu" if device == "cpu" else "cuda")
-    predictor = (
-        predictor_service.shared(settings.model_predict_timeout_s, settings.model_predict_wait_s)
-        if settings.model_predictions
-        else None
-    )
-    if predictor is None:
+    predictor = predictor_service.shared(settings)
+    if predicted is None and predictor is None:
         why = predictor_service.UNAVAILABLE if settings.model_predictions else DISABLED
         return {"caveats": [why]}
     try:
-        answer = predictor.predict(
-            params, device_type, spec.allocator.model_dump(exclude_none=True)
+        answer = predicted or predictor.predict(  # type: ignore[union-attr]
+            params, device_type, spec.allocator.model_dump(exclude_none=True), submitter
         )
     except CatalogError as exc:
         raise InvalidSpec(exc.field, exc.message) from None
@@ -174,10 +195,16 @@ def accept(
     settings: Settings,
     cache: PlanCache | None = None,
     predict_models: bool = True,
+    predicted: predictor_service.ModelPrediction | None = None,
+    submitter: str = predictor_service.INTERNAL,
     predict_for: str | None = None,
 ) -> AcceptedSpec:
     """Check a spec against the catalog and the limits; raise InvalidSpec naming every
     field that is wrong (all at once, so a client fixes them in one go).
+
+    A model spec is predicted (its thread waits) for ``submitter``, unless ``predicted``
+    holds the answer already (``model_question`` says what to ask) or ``predict_models``
+    is off (a sweep's points).
 
     ``cache`` lets a sweep plan each distinct scenario once (``plan_steps`` is then 0 for
     the points that reuse a plan). ``predict_for``: the device type a model spec is
@@ -240,7 +267,7 @@ def accept(
                 f"which would stop the run first; raise the cap or use a smaller capacity",
             )
         extra = (
-            _predict_model(spec, plan.params, device, settings, predict_for)
+            _predict_model(spec, plan.params, device, settings, predicted, submitter, predict_for)
             if predict_models
             else {"caveats": ["not predicted: a sweep's model points are measured only"]}
         )

@@ -9,6 +9,10 @@ planned for a caller who is refused, and planning runs before the write transact
 (on SQLite, the caller and the device are read in a short read transaction first, so
 that the write slot is held for the quota and the insert alone).
 
+A model spec is predicted first (``prepare``, then the endpoint awaits the predictor without
+a thread), and its answer is handed to ``submit``: a submit that waits for a prediction
+holds neither a thread nor a database connection while it waits.
+
 Every statement of a submit without an Idempotency-Key is Core, run on Core connections
 (``Database.transaction``): an ORM session costs several times what SQLite takes to run
 a short statement. A keyed submit, which may answer an earlier experiment read back,
@@ -16,6 +20,7 @@ runs in a session.
 """
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 
 from app.access import tokens as auth
@@ -24,9 +29,39 @@ from app.core.db import Database, Reader
 from app.core.signals import WorkSignal
 from app.experiments import service as experiments
 from app.experiments import views
+from app.experiments.predictor import INTERNAL, ModelPrediction
 from app.experiments.schemas import ExperimentOut
 from app.experiments.spec_schemas import ExperimentSpec
-from app.experiments.specs import accept, predict_device
+from app.experiments.specs import ModelQuestion, accept, model_question, predict_device
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A model spec checked before its prediction: its device chosen, what the predictor
+    is asked (None: nothing), and who asks (a token's id, or an address)."""
+
+    spec: ExperimentSpec
+    question: ModelQuestion | None
+    submitter: str
+    predict_for: str | None = None
+
+
+def prepare(
+    db: Database,
+    caller: Callable[[Reader], auth.Principal],
+    spec: ExperimentSpec,
+    settings: Settings,
+    now: datetime,
+    address: str | None,
+) -> Prepared:
+    """Check a model spec's caller and everything but its prediction (InvalidSpec, 401,
+    403 before any prediction is asked)."""
+    with db.transaction(write=False) as read:
+        who, resolved = _caller_and_device(read, caller, spec, settings, now)
+    accepted = accept(resolved, settings, predict_models=False)
+    submitter = f"token:{who.id}" if who.id is not None else f"address:{address or INTERNAL}"
+    predict_for = predict_device(spec, resolved)
+    return Prepared(resolved, model_question(accepted, predict_for), submitter, predict_for)
 
 
 def submit(
@@ -37,23 +72,50 @@ def submit(
     signal: WorkSignal,
     now: datetime,
     idempotency_key: str | None,
+    predicted: ModelPrediction | None = None,
+    submitter: str = INTERNAL,
+    predict_for: str | None = None,
 ) -> tuple[ExperimentOut, bool]:
     """Queue ``spec`` for the caller (``caller`` looks them up and checks their scope)
     and commit; the answer, and whether it replays an earlier submit with the same
-    Idempotency-Key."""
+    Idempotency-Key. ``predicted``: a model spec's prediction, asked already (for the
+    device type ``predict_for``, where ``prepare`` chose one other than the one it runs on)."""
     if idempotency_key is not None:
-        return _submit_keyed(db, caller, spec, settings, signal, now, idempotency_key)
+        return _submit_keyed(
+            db,
+            caller,
+            spec,
+            settings,
+            signal,
+            now,
+            idempotency_key,
+            predicted,
+            submitter,
+            predict_for,
+        )
     if db.is_sqlite:
         with db.transaction(write=False) as read:
             who, resolved = _caller_and_device(read, caller, spec, settings, now)
-        accepted = accept(resolved, settings, predict_for=predict_device(spec, resolved))
+        accepted = accept(
+            resolved,
+            settings,
+            predicted=predicted,
+            submitter=submitter,
+            predict_for=predict_for or predict_device(spec, resolved),
+        )
         with db.transaction() as conn:
             queue = experiments.queue_info(conn, accepted, settings, now)
             row = experiments.insert_queued(conn, accepted, settings, now, submitted_by=who.id)
     else:  # one connection, one transaction
         with db.transaction() as conn:
             who, resolved = _caller_and_device(conn, caller, spec, settings, now)
-            accepted = accept(resolved, settings, predict_for=predict_device(spec, resolved))
+            accepted = accept(
+                resolved,
+                settings,
+                predicted=predicted,
+                submitter=submitter,
+                predict_for=predict_for or predict_device(spec, resolved),
+            )
             queue = experiments.queue_info(conn, accepted, settings, now)
             # The insert last: it locks the submitter's queued count until the commit.
             row = experiments.insert_queued(conn, accepted, settings, now, submitted_by=who.id)
@@ -81,11 +143,20 @@ def _submit_keyed(
     signal: WorkSignal,
     now: datetime,
     idempotency_key: str,
+    predicted: ModelPrediction | None,
+    submitter: str,
+    predict_for: str | None = None,
 ) -> tuple[ExperimentOut, bool]:
     with db.session() as s:
         with db.reads_before_writing(s) as read:
             who, resolved = _caller_and_device(read, caller, spec, settings, now)
-        accepted = accept(resolved, settings, predict_for=predict_device(spec, resolved))
+        accepted = accept(
+            resolved,
+            settings,
+            predicted=predicted,
+            submitter=submitter,
+            predict_for=predict_for or predict_device(spec, resolved),
+        )
         return experiments.submit_once(
             s,
             accepted,

@@ -1,16 +1,16 @@
 """The compose stack as a user deploys it: built, started and used end to end.
 
 deploy/engine.sh finds, starts or installs a Docker engine (the tests skip, saying why,
-only when none can be had); deploy/standins.sh makes python:3.12-slim and postgres:16 when
-no registry answers. Then docker-compose.yml is built (every untagged image it leaves is
-a stage's, which docs/deploy.md's prune finds) and brought up with its CPU worker, and a
-user: makes a token,
-submits through the API, sees the CPU worker container run it, reads the result and its
-trace, opens /docs, /ui and /ui/; finds every container healthy and the logs free of
-health checks and profiler lines; restarts the api and postgres containers; kills the
-worker mid-experiment, as the OOM killer would and with `docker kill`; takes the stack
-down and up again with its volume. Each step's time is printed. Select with
-``pytest -m deploy``.
+only when none can be had); deploy/standins.sh makes python:3.12-slim and postgres:16
+when no registry answers. Then docker-compose.yml is built (every untagged image it
+leaves is a stage's, which docs/deploy.md's prune finds) and brought up with its CPU
+worker, and a user: makes a token, submits through the API, sees the CPU worker
+container run it, reads the result and its trace, has a model spec predicted by the
+predictor container, opens /docs, /ui and /ui/; finds every container healthy and the
+logs free of health checks and profiler lines; restarts the api and postgres containers;
+kills the worker mid-experiment, as the OOM killer would and with `docker kill`; takes
+the stack down and up again with its volume. Each step's time is printed.
+Select with ``pytest -m deploy``.
 """
 
 import json
@@ -259,10 +259,35 @@ def test_a_user_submits_and_the_cpu_worker_container_runs_it(stack: Stack) -> No
         assert bounced.status_code == 303 and bounced.headers["location"] == "/ui/signin"
 
 
+def test_a_model_spec_is_predicted_through_the_stack(stack: Stack) -> None:
+    """The api image has no torch: the predictor container answers for it (issue 29)."""
+    spec = {
+        "op": "model",
+        "shape": [],
+        "device": "cpu",
+        "params": {"model": "gpt2", "batch_size": 1, "seq_len": 32, "config": {"n_layer": 2}},
+        "tags": ["deploy"],
+    }
+    with stack.step("a model spec's prediction, from the predictor container"):
+        with stack.client() as client:
+            accepted = client.post("/v1/experiments", json=spec, timeout=300)
+            assert accepted.status_code == 202, (accepted.text, stack.logs())
+            prediction = accepted.json()["prediction"]
+            assert prediction.get("peak_allocated", 0) > 0, prediction
+            assert prediction["categories"]["parameters"] > 0
+            client.post(f"/v1/experiments/{accepted.json()['id']}/cancel")
+            refused = client.post(
+                "/v1/experiments",
+                json={**spec, "params": {**spec["params"], "config": {"n_head": 0}}},
+                timeout=300,
+            )
+            assert refused.status_code == 422, refused.text
+
+
 def test_every_container_is_healthy_and_the_logs_hold_no_routine_noise(stack: Stack) -> None:
     with stack.step("healthy: api and worker (its alive file)"):
         deadline = time.monotonic() + 120
-        for service in ("postgres", "api", "worker-cpu"):
+        for service in ("postgres", "api", "predictor", "worker-cpu"):
             container = stack.container(service)
             while _state(container, ".State.Health.Status") != "healthy":
                 assert time.monotonic() < deadline, (service, stack.logs())

@@ -249,14 +249,22 @@ def test_network_policies_allow_exactly_the_pairs_vramlab_needs(rendered: list) 
         labels = tuple(sorted(template["metadata"]["labels"].items()))
         name = d["metadata"]["name"].removeprefix("vramlab-")
         ours[name] = Peer(name, d["metadata"]["namespace"], labels, ports)
-    assert set(ours) == {"api", "migrate", "worker-h100", "worker-a100"}
+    assert set(ours) == {"api", "migrate", "predictor", "worker-h100", "worker-a100"}
     others = [
         Peer("dns", "kube-system", (("k8s-app", "kube-dns"),)),
         Peer("ingress-controller", "ingress-nginx", (("app", "ingress-nginx"),)),
         Peer("database", ip="10.20.30.40"),  # the overlay's PostgreSQL
         Peer("internet", ip="203.0.113.7"),
     ]
-    tries = [(8000, "TCP"), (5432, "TCP"), (53, "UDP"), (53, "TCP"), (443, "TCP"), (22, "TCP")]
+    tries = [
+        (8000, "TCP"),
+        (8100, "TCP"),
+        (5432, "TCP"),
+        (53, "UDP"),
+        (53, "TCP"),
+        (443, "TCP"),
+        (22, "TCP"),
+    ]
     allowed = set()
     for src in [*ours.values(), *others]:
         for dst in [*ours.values(), *others]:
@@ -271,6 +279,8 @@ def test_network_policies_allow_exactly_the_pairs_vramlab_needs(rendered: list) 
     expected = {
         # Only the API (and its migration) reach PostgreSQL.
         ("api", "database", 5432, "TCP"),
+        # Only the API asks the model predictor, which reaches nothing.
+        ("api", "predictor", 8100, "TCP"),
         ("migrate", "database", 5432, "TCP"),
         # Workers reach only the API; it is the service's front door for everyone else
         # (people, through an ingress controller or not), on its port alone.
@@ -304,6 +314,24 @@ def test_the_api_runs_several_replicas_behind_one_service_with_probes(rendered: 
     assert services[0]["spec"]["ports"][0]["targetPort"] in ("http", port)
     pdb = named(rendered, "PodDisruptionBudget", "vramlab-api")
     assert pdb["spec"]["minAvailable"] >= 1
+
+
+def test_the_api_gets_predictions_from_the_predictor_service(rendered: list) -> None:
+    """The api image has no torch: its model predictions come from `vramlab predictor`
+    in the worker-cpu image, behind a Service the API's settings name."""
+    settings = named(rendered, "ConfigMap", "vramlab-settings")["data"]
+    assert "VRAMLAB_MODEL_PREDICTIONS" not in settings  # predictions are on
+    predictor = named(rendered, "Deployment", "vramlab-predictor")
+    pod = predictor["spec"]["template"]
+    c = pod["spec"]["containers"][0]
+    assert c["image"].startswith("registry.example.org/vramlab/worker-cpu:")
+    args = build_parser().parse_args(c["args"][1:])
+    assert args.command == "predictor"
+    service = named(rendered, "Service", "vramlab-predictor")
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    port = service["spec"]["ports"][0]["port"]
+    assert settings["VRAMLAB_PREDICTOR_URL"] == f"http://vramlab-predictor:{port}"
+    assert args.port == port and "nvidia.com/gpu" not in c["resources"]["requests"]
 
 
 def test_the_migration_is_a_job_on_the_same_database(rendered: list) -> None:

@@ -13,18 +13,23 @@ model of the caching allocator (workers/models/caching_allocator.py) with the sp
 allocator settings, under ``capacity_bytes`` where the spec sets one (then the figure
 is what the capped allocator reserves, above the cap only where the step cannot fit).
 
-Run as ``python -m workers.models.predict``: a server of JSON lines on stdin/stdout,
-one request ``{"id", "params", "device"}`` and one answer per line, for the API's warm
-predictor child (app/experiments/predictor.py). The API never imports torch.
+Run as ``python -m workers.models.predict [--nice N]``: a server of JSON lines on
+stdin/stdout, a ``{"ready": true}`` line once torch is imported, then one request
+``{"id", "params", "device", "allocator", "limit_s"}`` and one answer per line, for the
+API's warm predictor children (app/experiments/predictor_backends.py) and the predictor
+service's (app/experiments/predictor_service.py). The API never imports torch. What a
+spec costs to trace is judged before it is built (workers/models/cost.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +40,7 @@ from vramlab.catalog.errors import CatalogError
 from vramlab.catalog.model_zoo import resolve
 from vramlab.contract import Category
 from vramlab.runspec import ModelParams
+from workers.models import cost
 from workers.models.alloc_log import (
     TRACED_DEPTH,
     AllocationLog,
@@ -64,6 +70,7 @@ ROUNDED_CAVEAT = (
     "reserved is the peak allocated rounded up to the allocator's 2 MiB segments "
     "(a floor: the allocator's own choices are not replayed for this task or backend)"
 )
+PASSED_LIMIT = "passed the limit"  # what a refusal for time says (the API remembers it less long)
 CPU_CAVEAT = (
     "on the CPU, oneDNN's and other kernels' internal buffers are not predicted; "
     "the measured peak can be higher"
@@ -96,13 +103,23 @@ class FakeScaler:
         return None
 
 
-# Config keys that count a model's repeated blocks. A stack of identical blocks adds the
-# same bytes per block to every phase's peak, so a deep model is traced at two shallow
-# depths and each phase's peak extended in a straight line (exact on GPT-2, BERT and
-# Llama stacks against tracing them whole); the largest phase wins.
-LAYER_KEYS = ("n_layer", "num_hidden_layers", "num_layers")
+# A stack of identical blocks adds the same bytes per block to every phase's peak, so a
+# deep model is traced at two shallow depths and each phase's peak extended in a straight
+# line (exact on GPT-2, BERT and Llama stacks against tracing them whole); the largest
+# phase wins. Which models are deep, and what is too costly to trace: workers/models/cost.py.
 SHALLOW = (2, 3)
-DEEP_ENOUGH = 6  # fewer blocks than this are traced whole
+# The reserved peak replays the deepened allocation log; past this depth it is replayed at
+# half and all of it and extended on the same line.
+MAX_REPLAY_DEPTH = 128
+# Deeper than this (no model on any card is), reserved is the allocated peak rounded up.
+MAX_EXTENDED_DEPTH = 1024
+# Where the shallow log's blocks do not repeat cleanly (an encoder-decoder), a model of at
+# most this many blocks is traced whole for its log; a deeper one's reserved is rounded.
+WHOLE_REPLAY_BLOCKS = 16
+EXTENDED_CAVEAT = (
+    "reserved at {depth} blocks is extended in a straight line from the allocator model's "
+    "replay at {a} and {b} blocks"
+)
 
 
 @dataclass
@@ -117,6 +134,9 @@ class Traced:
     cuda: bool
     events: list[tuple[int, int]] | None = None
     settings: Settings | None = None
+    # For a stack deeper than MAX_REPLAY_DEPTH: (depth, events at half of it, its depth);
+    # ``events`` is then the log at MAX_REPLAY_DEPTH.
+    extended: tuple[int, list[tuple[int, int]], int] | None = None
 
     @property
     def peak_allocated(self) -> int:
@@ -128,6 +148,11 @@ class Traced:
             return self.peak_allocated
         if self.events is None or self.settings is None:
             return rounded(self.peak_allocated, SEGMENT)
+        if self.extended is not None:
+            depth, half, at = self.extended
+            a = reserved_peak(half, self.settings)
+            b = reserved_peak(self.events, self.settings)
+            return a + (b - a) * (depth - at) // (MAX_REPLAY_DEPTH - at)
         return reserved_peak(self.events, self.settings, capacity)
 
 
@@ -166,7 +191,7 @@ def trace(
     new_tokens = params.new_tokens_or_default
     causal = resolve(params.model, params.head).kind == "causal-lm"
     settings = _settings(allocator) if cuda else None
-    events: list[tuple[int, int]] | None = None
+    events: Logged = None
     if params.task == "generate" and new_tokens > 2 and causal:
         # The prefill, and the last decoded token (its KV cache is the largest): a
         # prefill of all but the last two tokens then one decoded token holds what the
@@ -181,45 +206,99 @@ def trace(
     phase = max(phases, key=lambda name: sum(phases[name].values()))
     categories = {str(k): v for k, v in phases[phase].items()}
     caveats = list(CAVEATS) if cuda else [CPU_CAVEAT]
+    extended = events if isinstance(events, tuple) else None
+    if extended is not None:
+        events = extended[1]
+        depth, _, at = extended[0]
+        caveats.append(EXTENDED_CAVEAT.format(depth=depth, a=at, b=MAX_REPLAY_DEPTH))
     if cuda:
         workspace = CUBLAS_WORKSPACE * (2 if params.task == "train" else 1)
         temporaries = str(Category.TEMPORARIES)
         categories[temporaries] = categories.get(temporaries, 0) + workspace
         if events is None:
             caveats.append(ROUNDED_CAVEAT)
-    return Traced(categories, phase, caveats, cuda, events, settings)
+    replayed = None if extended is None else extended[0]
+    flat = None if isinstance(events, tuple) else events
+    return Traced(categories, phase, caveats, cuda, flat, settings, replayed)
 
 
 Phases = dict[str, dict[str, int]]
+Events = list[tuple[int, int]]
+# The allocation log to replay; for a stack past MAX_REPLAY_DEPTH, ((depth, the log at
+# half of MAX_REPLAY_DEPTH, that half), the log at MAX_REPLAY_DEPTH).
+Logged = Events | tuple[tuple[int, Events, int], Events] | None
 
 
 def _phases(
     params: ModelParams | Mapping[str, Any], cuda: bool, logged: bool = False
-) -> tuple[Phases, list[tuple[int, int]] | None]:
-    """Each phase's peak by category: traced whole, or for a deep stack of identical
-    blocks, traced at two shallow depths and extended. ``logged``: also the allocation
-    log of the build and steps 1 and 2 at the model's full depth (from the 3-block trace,
-    deepened; traced whole where its blocks do not repeat cleanly)."""
+) -> tuple[Phases, Logged]:
+    """Each phase's peak by category: traced whole, or for a deep model, traced at shallow
+    depths and extended (workers/models/cost.py decides which, or refuses). ``logged``: also
+    the allocation log of the build and steps 1 and 2 at the model's full depth (from the
+    3-block trace, deepened; traced whole where its blocks do not repeat cleanly and the
+    model is shallow enough)."""
     params = ModelParams.of(params)
-    depth = _depth(params)
-    if depth is None:
+    from workers.models.build import config_of
+
+    _, config = config_of(params)
+    how = cost.plan(config, params.config_overrides)
+    if not how.shallow:
         phases, log = _trace(params, cuda, logged)
         return phases, None if log is None else [(e.key, e.nbytes) for e in log.events]
-    key, layers = depth
+    if not how.uniform:
+        return _extend_stacks(params, cuda, how.depths), None
+    layers = next(iter(how.depths.values()))
     shallow = []
-    events = None
+    events: Logged = None
     for n in SHALLOW:
-        config = {**params.config_overrides, key: n}
+        config = {**params.config_overrides, **dict.fromkeys(how.depths, n)}
         phases, log = _trace(params.replace(config=config), cuda, logged and n == TRACED_DEPTH, n)
         shallow.append(phases)
         if log is not None:
-            try:
-                events = deepen(log.events, layers)
-            except NotRegular:
-                _, whole = _trace(params, cuda, True)
-                assert whole is not None
-                events = [(e.key, e.nbytes) for e in whole.events]
+            events = _deepened(params, cuda, log, layers, how.blocks)
     return _extend(shallow, layers), events
+
+
+def _deepened(
+    params: ModelParams, cuda: bool, log: AllocationLog, layers: int, blocks: int
+) -> Logged:
+    """The shallow log deepened to ``layers`` (past MAX_REPLAY_DEPTH, to it and its half
+    for a straight line); where its blocks do not repeat cleanly, the model traced whole if
+    it is shallow enough to trace, else nothing (reserved is then rounded up)."""
+    try:
+        if layers <= MAX_REPLAY_DEPTH:
+            return deepen(log.events, layers)
+        if layers > MAX_EXTENDED_DEPTH:  # far past any card: its reserved is rounded up
+            return None
+        half = MAX_REPLAY_DEPTH // 2
+        return (layers, deepen(log.events, half), half), deepen(log.events, MAX_REPLAY_DEPTH)
+    except NotRegular:
+        if blocks > WHOLE_REPLAY_BLOCKS:
+            return None
+        _, whole = _trace(params, cuda, True)
+        assert whole is not None
+        return [(e.key, e.nbytes) for e in whole.events]
+
+
+def _extend_stacks(
+    params: ModelParams | Mapping[str, Any], cuda: bool, depths: Mapping[str, int]
+) -> Phases:
+    """Stacks of different depths (an encoder and a decoder): traced with every stack at 2
+    blocks, then each at 3 in turn, and each phase's categories extended along each stack's
+    own line."""
+    params = ModelParams.of(params)
+    low, high = SHALLOW
+    overrides = params.config_overrides
+    base, _ = _trace(params.replace(config={**overrides, **dict.fromkeys(depths, low)}), cuda)
+    out = {phase: dict(categories) for phase, categories in base.items()}
+    for key, layers in depths.items():
+        config = {**overrides, **dict.fromkeys(depths, low), key: high}
+        deeper, _ = _trace(params.replace(config=config), cuda)
+        for phase in out.keys() & deeper.keys():
+            for k in out[phase]:
+                step = deeper[phase].get(k, 0) - base[phase][k]
+                out[phase][k] = max(0, out[phase][k] + step * (layers - low))
+    return out
 
 
 def _trace(
@@ -239,7 +318,7 @@ def _trace(
             if log is not None:
                 logging.enter_context(log)
                 logging.enter_context(log.during("build"))
-            built = build(params, torch.device("cpu"), initialize=False)
+            built = _build(params)
         if built.scaler is not None:
             built.scaler = FakeScaler(built.device)
         if semantics is not None:
@@ -260,6 +339,32 @@ def _trace(
             log.close()  # what dies after step 2 (the model, as the trace ends) is not in it
             _drop_host_tensors(built, log)
     return phases, log
+
+
+# What fake tensors cannot do that real ones can (a value read while building): the model
+# may still build and run on a worker, so the spec is measured only.
+FAKE_ONLY = (
+    "DataDependentOutputException",
+    "DynamicOutputShapeException",
+    "UnsupportedOperatorException",
+    "UnsupportedFakeTensorException",
+)
+
+
+def _build(params: ModelParams) -> Built:
+    """The model built on fake tensors; a config no model can be built with is a
+    CatalogError (the spec would fail on every worker: it is refused, not queued)."""
+    try:
+        return build(params, torch.device("cpu"), initialize=False)
+    except CatalogError:
+        raise
+    except Exception as exc:
+        if type(exc).__name__ in FAKE_ONLY or isinstance(exc, ImportError):
+            raise
+        raise CatalogError(
+            "params.config",
+            f"this model cannot be built with this config: {type(exc).__name__}: {str(exc)[:300]}",
+        ) from None
 
 
 def _drop_host_tensors(built: Built, log: AllocationLog) -> None:
@@ -301,21 +406,6 @@ def reserved_peak(
     return replay(sequence, CachingAllocator(settings)).peak_reserved
 
 
-def _depth(params: ModelParams) -> tuple[str, int] | None:
-    """The key and count of a deep model's repeated blocks (None: trace it whole)."""
-    from workers.models.build import config_of
-
-    _, config = config_of(params)
-    keys = [k for k in LAYER_KEYS if isinstance(getattr(config, k, None), int)]
-    if len(keys) != 1 or getattr(config, "num_decoder_layers", None) not in (
-        None,
-        getattr(config, keys[0]),
-    ):
-        return None
-    layers = int(getattr(config, keys[0]))
-    return (keys[0], layers) if layers >= DEEP_ENOUGH else None
-
-
 def _extend(shallow: list[dict[str, dict[str, int]]], layers: int) -> dict[str, dict[str, int]]:
     """Each phase's categories at ``layers`` blocks, on the line through the two depths."""
     (a, b), (n_a, n_b) = shallow, SHALLOW
@@ -340,12 +430,51 @@ def _prime(built: Built) -> None:
     built.optimizer.zero_grad(set_to_none=True)
 
 
+class OverLimit(BaseException):
+    """The prediction used up its CPU time (a BaseException: no ``except Exception`` in
+    the tracer or in transformers swallows it)."""
+
+
+@contextlib.contextmanager
+def cpu_limit(seconds: float | None) -> Iterator[None]:
+    """Raise OverLimit in this thread once the process has used ``seconds`` of CPU time
+    from here: a limit that a busy machine does not shorten (the wall clock would)."""
+    if not seconds or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def over(signum: int, frame: Any) -> None:
+        raise OverLimit()
+
+    previous = signal.signal(signal.SIGPROF, over)
+    signal.setitimer(signal.ITIMER_PROF, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        signal.signal(signal.SIGPROF, previous)
+
+
 def answer(request: Mapping[str, Any]) -> dict[str, Any]:
+    """One request answered: a prediction, or ``{"error": {"field", "message"}}`` (refused;
+    with ``"unpredictable": true`` where the spec may still run, measured only).
+    ``limit_s``: the CPU seconds the trace may take (its model's classes are imported
+    first, outside the limit: a one-time cost of this process, not of the spec)."""
     ident = request.get("id")
+    limit = request.get("limit_s")
     try:
         params = ModelParams.from_wire(request["params"])
         device = str(request.get("device") or "cuda")
-        return {"id": ident, **predict(params, device, request.get("allocator"))}
+        _import_classes(params)
+        with cpu_limit(float(limit) if limit else None):
+            return {"id": ident, **predict(params, device, request.get("allocator"))}
+    except OverLimit:
+        message = (
+            f"predicting this spec {PASSED_LIMIT} of {limit:g} s of CPU time "
+            f"(VRAMLAB_MODEL_PREDICT_TIMEOUT_S): it is refused; a smaller model or config "
+            f"predicts in time"
+        )
+        return {"id": ident, "error": {"field": "params", "message": message}}
     except CatalogError as exc:
         return {"id": ident, "error": {"field": exc.field, "message": exc.message}}
     except Exception as exc:  # a model the tracer cannot follow: the spec is still fine
@@ -360,7 +489,29 @@ def answer(request: Mapping[str, Any]) -> dict[str, Any]:
         }
 
 
-def serve() -> None:
+def _import_classes(params: ModelParams) -> None:
+    """Import the modules of the spec's model (transformers imports them lazily)."""
+    import transformers
+
+    from workers.models.build import _AUTO, config_of
+
+    with contextlib.suppress(Exception):  # what is wrong is said by the trace itself
+        resolved, config = config_of(params)
+        getattr(transformers, _AUTO[resolved.kind])._model_mapping[type(config)]
+
+
+WARM_UP = {"model": "gpt2", "batch_size": 1, "seq_len": 8, "config": {"n_layer": 1}}
+
+
+def serve(nice: int = 0) -> None:
+    """Answer requests from stdin; first a ``{"ready": true}`` line (torch is imported)."""
+    if nice:
+        os.nice(nice)  # below the API that started it: reads keep their CPU
+    # A first step traced warms what every later one uses (transformers' lazy imports,
+    # torch's dispatch caches): a second or more that no submitter should wait for.
+    answer({"params": WARM_UP, "device": "cuda"})
+    sys.stdout.write(json.dumps({"ready": True}) + "\n")
+    sys.stdout.flush()
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -373,4 +524,8 @@ def serve() -> None:
 
 
 if __name__ == "__main__":
-    serve()
+    import argparse
+
+    parser = argparse.ArgumentParser(description="vramlab's model predictor (JSON lines)")
+    parser.add_argument("--nice", type=int, default=0, help="lower this process's priority")
+    serve(parser.parse_args().nice)
