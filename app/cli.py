@@ -12,6 +12,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import ValidationError
+
 from app.core.config import get_settings
 
 log = logging.getLogger("vramlab")
@@ -244,11 +246,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def settings_problems(exc: ValidationError) -> list[str]:
+    """A settings error as one line per variable: its name, what it was, what is allowed."""
+    lines = []
+    for error in exc.errors():
+        name = "VRAMLAB_" + "_".join(str(p) for p in error["loc"]).upper()
+        message = str(error["msg"]).removeprefix("Value error, ")
+        lines.append(f"{name}={error.get('input')!s}: {message}")
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("alembic").setLevel(logging.WARNING)
     # One line per HTTP request would bury the CLI's status lines and the worker's log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        get_settings()
+    except ValidationError as exc:  # a bad environment variable: say which, not a traceback
+        for line in settings_problems(exc):
+            print(f"vramlab: {line}", file=sys.stderr)
+        return 2
     args = build_parser().parse_args(argv)
     code: int = args.func(args)
     return code

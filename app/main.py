@@ -35,7 +35,7 @@ from app.gpus import endpoints as gpus
 from app.plans import endpoints as plans
 from app.presets import endpoints as presets
 from app.queue import endpoints as worker_protocol
-from app.queue import reaper
+from app.queue import local_worker, reaper
 from app.queue import workers_endpoints as workers
 from app.snapshots import endpoints as snapshots
 from app.snapshots.admission import Admission
@@ -139,6 +139,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # A claim that finds nothing asks the reaper to settle expired leases now.
     app.state.reaper_nudge = reaper.Nudge()
     app.state.fit_wake = fit_engine.FitWake()
+    app.state.local_worker = local_worker.LocalWorker(settings)
     # Signs the web pages' sessions; a random key ends every session when the API restarts.
     app.state.session_key = (
         settings.session_secret.encode() if settings.session_secret else secrets.token_bytes(32)

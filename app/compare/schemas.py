@@ -13,6 +13,11 @@ class CompareItem(BaseModel):
     status: Status
     label: str
     spec: dict[str, Any]
+    model: dict[str, Any] | None = Field(
+        default=None,
+        description="a model experiment's knobs that set its size (model, batch_size, "
+        "seq_len, precision, ...), its predicted peak and the device it is predicted for",
+    )
     figures: dict[str, float | int | None]
     shared_process_figures: list[str] = Field(
         default_factory=list,
@@ -31,8 +36,13 @@ class CompareOut(BaseModel):
     categories: dict[str, list[int | None]] = Field(
         default_factory=dict,
         description="bytes alive at the peak by category (snapshots: inferred, or recorded by "
-        "the program under vramlab record; null for an experiment, whose trace is not "
-        "categorised)",
+        "the program under vramlab record; a model experiment: measured at its step's peak; "
+        "null for an op's experiment, whose trace is not categorised)",
+    )
+    predicted_categories: dict[str, list[int | None]] = Field(
+        default_factory=dict,
+        description="a model experiment's predicted bytes at its step's peak by category "
+        "(null for what has no such prediction)",
     )
     summary: list[str] = Field(
         default_factory=list,

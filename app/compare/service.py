@@ -1,5 +1,6 @@
 """Experiments side by side: their figures, the differences, their environments."""
 
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -37,7 +38,9 @@ def figures(exp: Experiment) -> dict[str, float | int | None]:
     memory = measured.memory.model_dump() if measured is not None else {}
     timing = measured.timing if isinstance(measured, Result) else None
     out: dict[str, float | int | None] = {k: memory.get(k) for k in MEMORY_KEYS}
-    out["predicted_delta"] = predicted.delta_allocated if predicted is not None else None
+    # A model's prediction is its step's peak (``model``), not an op's delta.
+    op_predicted = predicted is not None and exp.op != "model"
+    out["predicted_delta"] = predicted.delta_allocated if op_predicted and predicted else None
     out["time_s"] = timing.median_s if timing is not None else None
     return out
 
@@ -53,8 +56,12 @@ def environment(exp: Experiment) -> dict[str, Any]:
 
 
 def category_bytes(exp: Experiment) -> dict[str, int] | None:
-    """A snapshot's bytes alive at the peak by category; None for an experiment."""
+    """Bytes alive at the peak by category: a snapshot's, or a model experiment's
+    measured step; None for an op's experiment (its trace is not categorised)."""
     measured = exp.measured
+    if isinstance(measured, Result):  # a model's: the categories that held any bytes
+        held = measured.categories.model_dump() if measured.categories is not None else {}
+        return {k: v for k, v in held.items() if v} or None
     if not isinstance(measured, SnapshotResult):
         return None
     rows = measured.snapshot.get("categories")
@@ -75,8 +82,33 @@ def recorded(exps: list[Experiment]) -> set[str]:
     return found or set()
 
 
-def categories(exps: list[Experiment]) -> dict[str, list[int | None]]:
-    found = [category_bytes(e) for e in exps]
+def predicted_category_bytes(exp: Experiment) -> dict[str, int] | None:
+    """A model experiment's predicted bytes at its step's peak, by category."""
+    predicted = exp.predicted
+    if predicted is None or predicted.categories is None:
+        return None
+    return {k: v for k, v in predicted.categories.model_dump().items() if v} or None
+
+
+def model_of(exp: Experiment) -> dict[str, Any] | None:
+    """A model experiment's knobs that set its size, side by side with another's."""
+    if exp.op != "model":
+        return None
+    p = exp.params or {}
+    keys = ("model", "task", "batch_size", "seq_len", "image_size", "precision", "optimizer")
+    out = {k: p.get(k) for k in keys}
+    out["checkpointing"] = p.get("checkpointing")
+    out["micro_batches"] = p.get("micro_batches")
+    predicted = exp.predicted
+    out["predicted_for"] = predicted.predicted_for if predicted is not None else None
+    out["predicted_peak"] = predicted.peak_allocated if predicted is not None else None
+    return out
+
+
+def categories(
+    exps: list[Experiment], of: Callable[[Experiment], dict[str, int] | None] = category_bytes
+) -> dict[str, list[int | None]]:
+    found = [of(e) for e in exps]
     if all(f is None for f in found):
         return {}
     names = list(dict.fromkeys(k for f in found if f for k in f))
@@ -87,6 +119,7 @@ def sentences(
     items: list[CompareItem],
     by_category: dict[str, list[int | None]],
     exact: set[str] | frozenset[str] = frozenset(),
+    measured: bool = False,
 ) -> list[str]:
     """ "B peaks 2.1 GiB higher than A, 1.8 GiB of it optimizer state (inferred)";
     "(recorded)" for a category in ``exact`` (recorded by every program compared)."""
@@ -111,7 +144,7 @@ def sentences(
         same_way = [(d, k) for d, k in moves if d * diff > 0]
         if same_way:
             d, k = max(same_way, key=lambda m: abs(m[0]))
-            how = "recorded" if k in exact else "inferred"
+            how = "measured" if measured else "recorded" if k in exact else "inferred"
             text += f", {human_bytes(abs(d))} of it {k.replace('_', ' ')} ({how})"
         out.append(text)
     return out
@@ -125,6 +158,7 @@ def compare(exps: list[Experiment]) -> CompareOut:
             status=Status(e.status),
             label=label(e),
             spec=experiment_views.to_out(e).spec.model_dump(),
+            model=model_of(e),
             figures=figures(e),
             shared_process_figures=list(
                 e.measured.shared_process_figures() if isinstance(e.measured, Result) else ()
@@ -147,7 +181,13 @@ def compare(exps: list[Experiment]) -> CompareOut:
         items=items,
         differences=differences,
         categories=by_category,
-        summary=sentences(items, by_category, recorded(exps)),
+        predicted_categories=categories(exps, predicted_category_bytes),
+        summary=sentences(
+            items,
+            by_category,
+            recorded(exps),
+            measured=all(isinstance(e.measured, Result) for e in exps),
+        ),
         environment={k: v for k, v in differ.items() if any(x != v[0] for x in v)},
         environment_same={k: v[0] for k, v in differ.items() if all(x == v[0] for x in v)},
     )

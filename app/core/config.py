@@ -2,12 +2,13 @@
 
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from vramlab import contract
+from vramlab.units import parse_bytes
 
 DEFAULT_SQLITE = Path("data") / "vramlab.db"
 
@@ -18,6 +19,18 @@ def normalise_database_url(url: str) -> str:
         if url.startswith(prefix):
             return "postgresql+psycopg://" + url[len(prefix) :]
     return url
+
+
+def _size(value: Any) -> Any:
+    """A size as people write it (``200GiB``, ``80GB``, ``1048576``) in bytes; anything
+    else is left for pydantic to refuse."""
+    if isinstance(value, str):
+        return parse_bytes(value)  # ValueError: pydantic reports it with the variable
+    return value
+
+
+# A number of bytes, given as such or with a unit.
+Bytes = Annotated[int, BeforeValidator(_size)]
 
 
 class Settings(BaseSettings):
@@ -45,7 +58,7 @@ class Settings(BaseSettings):
     # one call that waited for the database as long as any may (`db_wait_seconds`).
     worker_live_seconds: float = Field(default=0.0, ge=0)
     # The tensors a spec predicts (inputs and outputs) may not pass this many bytes.
-    max_experiment_bytes: int = 16 * 2**30
+    max_experiment_bytes: Bytes = 16 * 2**30
     max_timeout_s: float = 3600.0
     # Model experiments are predicted before they queue (app/experiments/predictor.py):
     # by a predictor service where its URL is set (deployments: the API image has no
@@ -69,13 +82,15 @@ class Settings(BaseSettings):
     # Ops tagged `diagnostic` (sleep, abort) exist to test timeouts and crashes.
     diagnostic_ops: bool = False
     # Trace uploads: largest compressed chunk accepted, and its decompressed limit.
-    max_trace_chunk_bytes: int = contract.MAX_TRACE_CHUNK_BYTES
+    max_trace_chunk_bytes: Bytes = contract.MAX_TRACE_CHUNK_BYTES
     max_trace_chunk_events: int = contract.MAX_TRACE_CHUNK_EVENTS
     # A shared worker token (the `worker` scope), for deployments such as docker compose.
     worker_token: str | None = None
     # The token `vramlab up` makes for its own worker; unlike worker_token it does not by
     # itself turn tokens on.
     local_worker_token: str | None = None
+    # Until that worker has registered, a submit waits for it this long at most.
+    local_worker_start_s: float = Field(default=60.0, ge=0)
     # "auto": auth is on when the address served is beyond loopback (`--host` of `serve`
     # and `up`), with a worker token set, or once any API token exists; "on" and "off"
     # force it.
@@ -96,16 +111,16 @@ class Settings(BaseSettings):
     # Queued experiments one token (or the open service) may have at once; past it, 429.
     max_queued_per_token: int = 10_000
     # Request bodies larger than this get 413 (trace chunks have their own limit).
-    max_body_bytes: int = contract.MAX_OUTCOME_BYTES
+    max_body_bytes: Bytes = contract.MAX_OUTCOME_BYTES
     # Memory snapshot uploads (POST /v1/snapshots): the largest body, and the largest
     # pickle a gzipped one may expand to; both admit 2 GiB snapshots by default.
-    max_snapshot_bytes: int = 3 * 2**30
-    max_snapshot_expanded_bytes: int = 3 * 2**30
+    max_snapshot_bytes: Bytes = 3 * 2**30
+    max_snapshot_expanded_bytes: Bytes = 3 * 2**30
     # How many times its own size a gzipped upload may expand to, checked as it arrives
     # (past the first MiB expanded): a gzip bomb is refused within its first kilobytes.
     max_snapshot_gzip_ratio: int = Field(default=200, ge=1, le=10_000)
     # The child process that parses a snapshot: its address-space limit and its time.
-    snapshot_parse_memory_bytes: int = 16 * 2**30
+    snapshot_parse_memory_bytes: Bytes = 16 * 2**30
     snapshot_parse_seconds: float = 600.0
     # Imports parsed at once (each may hold several GiB while it parses); an upload whose
     # body has been read waits its turn, up to snapshot_parse_seconds, then gets 429.
@@ -117,7 +132,7 @@ class Settings(BaseSettings):
     snapshot_uploads_per_submitter: int = Field(default=2, ge=1)
     # The body must come at this rate at least, over each window of this many seconds
     # (a body that brings less is cut with 408), so that a trickle holds nothing long.
-    snapshot_upload_min_bytes_per_second: int = Field(default=64 * 2**10, ge=1)
+    snapshot_upload_min_bytes_per_second: Bytes = Field(default=64 * 2**10, ge=1)
     snapshot_upload_window_seconds: float = Field(default=30.0, gt=0)
     # Database connections of this process: at most pool + overflow at once (unset: 5 + 40
     # on SQLite, where connections are cheap and writers queue on an in-process lock;

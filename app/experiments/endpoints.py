@@ -25,6 +25,7 @@ from app.experiments.predictor import INTERNAL
 from app.experiments.schemas import ExperimentOut, ExperimentPage
 from app.experiments.spec_schemas import ExperimentSpec
 from app.experiments.specs import MODEL_OP
+from app.queue import local_worker
 from vramlab.contract import Status
 
 router = APIRouter(
@@ -50,17 +51,20 @@ async def submit(
         ),
     ] = None,
 ) -> ExperimentOut:
+    local = local_worker.of(trip.request)
+    await local.ready()  # `vramlab up`'s worker, while it starts: it chooses the device
     # The caller's look-up, planning, the insert and the commit in one trip to the thread
     # pool (app/experiments/submissions.py); a model spec's prediction is awaited before
     # it, holding no thread.
     caller = partial(trip.principal, scope="submit")
-    predicted, submitter = None, INTERNAL
+    predicted, submitter, predict_for = None, INTERNAL, None
     if spec.op == MODEL_OP and trip.settings.model_predictions:
         address = trip.request.client.host if trip.request.client else None
         prepared = await run_in_threadpool(
             submissions.prepare, trip.db, caller, spec, trip.settings, trip.now, address
         )
         spec, question, submitter = prepared.spec, prepared.question, prepared.submitter
+        predict_for = prepared.predict_for
         predictor = predictor_service.shared(trip.settings)
         if question is not None and predictor is not None:
             try:
@@ -80,9 +84,12 @@ async def submit(
         idempotency_key,
         predicted,
         submitter,
+        predict_for,
     )
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
+    if local.starting and out.queue is not None and not out.queue.live_workers:
+        out.queue.reason = local_worker.STARTING
     return out
 
 

@@ -5,6 +5,7 @@ do it before they open the write transaction that queues the result.
 """
 
 import json
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,16 +85,57 @@ class ModelQuestion:
     allocator: dict[str, Any]
 
 
-def model_question(accepted: AcceptedSpec) -> ModelQuestion | None:
+def model_question(accepted: AcceptedSpec, predict_for: str | None = None) -> ModelQuestion | None:
     """The question a model spec accepted without its prediction asks (None: not a model
-    spec); see ``accept(..., predict_models=False)``."""
+    spec); see ``accept(..., predict_models=False)``. ``predict_for``: as ``accept``'s."""
     spec = accepted.spec
     if spec.op != MODEL_OP or spec.device is None:
         return None
-    device_type = "cpu" if spec.device == "cpu" else "cuda"
+    device_type = predict_for or ("cpu" if spec.device == "cpu" else "cuda")
     return ModelQuestion(
         dict(spec.params), device_type, spec.allocator.model_dump(exclude_none=True)
     )
+
+
+def predicted_for(device_type: str) -> str:
+    """Which device a model's predicted figures are for, in the words every view shows."""
+    return "cuda (H100-class)" if device_type == "cuda" else "cpu"
+
+
+def plan_command(params: dict[str, Any]) -> str:
+    """The ``vramlab plan`` line that asks the same question of a GPU, running nothing."""
+    words = ["vramlab", "plan", str(params.get("model")), "--batch", str(params.get("batch_size"))]
+    if params.get("seq_len"):
+        words += ["--seq", str(params["seq_len"])]
+    return " ".join(shlex.quote(w) for w in [*words, "--gpu", "H100 80GB"])
+
+
+def _held(categories: dict[str, int]) -> str:
+    top = sorted(((v, k) for k, v in categories.items() if v), reverse=True)
+    return ", ".join(f"{k.replace('_', ' ')} {human_bytes(v)}" for v, k in top)
+
+
+class OverTheCap(InvalidSpec):
+    """A model spec predicted to peak past the experiment cap: 422 whose detail carries
+    the prediction (peak, categories, the device it is for) and the plan to ask instead."""
+
+    def __init__(self, prediction: dict[str, Any], params: dict[str, Any], cap: int) -> None:
+        command = plan_command(params)
+        peak = prediction["peak_allocated"]
+        held = _held(prediction.get("categories") or {})
+        super().__init__(
+            "params",
+            f"predicted for {prediction['predicted_for']}, the step peaks at "
+            f"{human_bytes(peak)} allocated ({peak} bytes{': ' + held if held else ''}); this "
+            f"service runs at most {human_bytes(cap)} (VRAMLAB_MAX_EXPERIMENT_BYTES). To ask "
+            f"whether it fits a GPU without running it, make a plan: `{command}` "
+            f"(POST /v1/plans, any GPU, no cap). To run it here, make it smaller (batch_size, "
+            f"seq_len, checkpointing, precision) or set capacity_bytes to bound the run",
+        )
+        self.details[0]["prediction"] = {
+            **prediction,
+            "plan": {"command": command, "route": "POST /v1/plans"},
+        }
 
 
 def _predict_model(
@@ -103,12 +145,16 @@ def _predict_model(
     settings: Settings,
     predicted: predictor_service.ModelPrediction | None,
     submitter: str,
+    predict_for: str | None = None,
 ) -> dict[str, Any]:
     """A model spec's predicted peak, categories and caveats (prediction fields), or a
     caveat saying why there is none; 422 when its predicted peak passes the service's cap
     (unless ``capacity_bytes`` already bounds the run below the cap). ``predicted``: the
-    answer already asked for (an async submit waits for it without a thread)."""
-    device_type = "cpu" if device == "cpu" else "cuda"
+    answer already asked for (an async submit waits for it without a thread).
+    ``predict_for``: a device type to predict for other than the one it runs on (a spec
+    that named none, on a service whose workers offer only the CPU, is predicted for
+    CUDA)."""
+    device_type = predict_for or ("cpu" if device == "cpu" else "cuda")
     predictor = predictor_service.shared(settings)
     if predicted is None and predictor is None:
         why = predictor_service.UNAVAILABLE if settings.model_predictions else DISABLED
@@ -123,21 +169,25 @@ def _predict_model(
     bounded = capacity is not None and capacity <= settings.max_experiment_bytes
     if answer.peak_allocated is None:
         return {"caveats": list(answer.caveats)}
-    if answer.peak_allocated > settings.max_experiment_bytes and not bounded:
-        raise InvalidSpec(
-            "params",
-            f"the step is predicted to peak at {human_bytes(answer.peak_allocated)} "
-            f"({answer.peak_allocated} bytes); this service allows at most "
-            f"{human_bytes(settings.max_experiment_bytes)} (VRAMLAB_MAX_EXPERIMENT_BYTES). "
-            f"Make it smaller (batch_size, seq_len, checkpointing, precision) or set "
-            f"capacity_bytes to bound the run",
+    caveats = list(answer.caveats)
+    runs_on = "cpu" if device == "cpu" else "cuda"
+    if device_type != runs_on:
+        caveats.insert(
+            0,
+            f"predicted for {predicted_for(device_type)}, the card a model question is "
+            f"about: no device was named and the workers here offer only the {runs_on}, "
+            f"where it runs (its measured peak differs); name a device to predict for it",
         )
-    return {
+    out = {
         "peak_allocated": answer.peak_allocated,
         "peak_reserved": answer.peak_reserved,
         "categories": answer.categories,
-        "caveats": list(answer.caveats),
+        "predicted_for": predicted_for(device_type),
+        "caveats": caveats,
     }
+    if answer.peak_allocated > settings.max_experiment_bytes and not bounded:
+        raise OverTheCap(out, params, settings.max_experiment_bytes)
+    return out
 
 
 def accept(
@@ -147,6 +197,7 @@ def accept(
     predict_models: bool = True,
     predicted: predictor_service.ModelPrediction | None = None,
     submitter: str = predictor_service.INTERNAL,
+    predict_for: str | None = None,
 ) -> AcceptedSpec:
     """Check a spec against the catalog and the limits; raise InvalidSpec naming every
     field that is wrong (all at once, so a client fixes them in one go).
@@ -156,7 +207,8 @@ def accept(
     is off (a sweep's points).
 
     ``cache`` lets a sweep plan each distinct scenario once (``plan_steps`` is then 0 for
-    the points that reuse a plan).
+    the points that reuse a plan). ``predict_for``: the device type a model spec is
+    predicted for, when not the one it runs on (``predict_device``).
     """
     problems: list[tuple[str, str]] = []
     try:
@@ -215,13 +267,16 @@ def accept(
                 f"which would stop the run first; raise the cap or use a smaller capacity",
             )
         extra = (
-            _predict_model(spec, plan.params, device, settings, predicted, submitter)
+            _predict_model(spec, plan.params, device, settings, predicted, submitter, predict_for)
             if predict_models
             else {"caveats": ["not predicted: a sweep's model points are measured only"]}
         )
         caveats = [*prediction.get("caveats", []), *extra.pop("caveats")]
         prediction = {**prediction, **extra, "caveats": caveats}
-    cuda_indexes = [parse_device(d)[1] for d in plan.devices if d.startswith("cuda")]
+    # The spec's own device counts with the plan's: a model's plan names no tensors, and
+    # its step runs on the device the spec names (a CPU worker must never take it).
+    on_devices = {*plan.devices, device}
+    cuda_indexes = [parse_device(d)[1] for d in on_devices if d.startswith("cuda")]
     # Tags as stored: each once, in the order given.
     tags = list(dict.fromkeys(spec.tags))
     accepted = spec.model_copy(update={"params": plan.params, "device": device, "tags": tags})
@@ -232,3 +287,12 @@ def accept(
         prediction=prediction,
         plan_steps=plan.planned,
     )
+
+
+def predict_device(given: ExperimentSpec, resolved: ExperimentSpec) -> str | None:
+    """The device type to predict a model spec for, when not the one it will run on: a
+    model question that named no device, on a service whose workers offer only the CPU,
+    is about a GPU (CUDA), and its prediction says so."""
+    if given.op == MODEL_OP and given.device is None and resolved.device == "cpu":
+        return "cuda"
+    return None

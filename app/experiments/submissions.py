@@ -32,7 +32,7 @@ from app.experiments import views
 from app.experiments.predictor import INTERNAL, ModelPrediction
 from app.experiments.schemas import ExperimentOut
 from app.experiments.spec_schemas import ExperimentSpec
-from app.experiments.specs import ModelQuestion, accept, model_question
+from app.experiments.specs import ModelQuestion, accept, model_question, predict_device
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class Prepared:
     spec: ExperimentSpec
     question: ModelQuestion | None
     submitter: str
+    predict_for: str | None = None
 
 
 def prepare(
@@ -56,10 +57,11 @@ def prepare(
     """Check a model spec's caller and everything but its prediction (InvalidSpec, 401,
     403 before any prediction is asked)."""
     with db.transaction(write=False) as read:
-        who, spec = _caller_and_device(read, caller, spec, settings, now)
-    accepted = accept(spec, settings, predict_models=False)
+        who, resolved = _caller_and_device(read, caller, spec, settings, now)
+    accepted = accept(resolved, settings, predict_models=False)
     submitter = f"token:{who.id}" if who.id is not None else f"address:{address or INTERNAL}"
-    return Prepared(spec, model_question(accepted), submitter)
+    predict_for = predict_device(spec, resolved)
+    return Prepared(resolved, model_question(accepted, predict_for), submitter, predict_for)
 
 
 def submit(
@@ -72,25 +74,48 @@ def submit(
     idempotency_key: str | None,
     predicted: ModelPrediction | None = None,
     submitter: str = INTERNAL,
+    predict_for: str | None = None,
 ) -> tuple[ExperimentOut, bool]:
     """Queue ``spec`` for the caller (``caller`` looks them up and checks their scope)
     and commit; the answer, and whether it replays an earlier submit with the same
-    Idempotency-Key. ``predicted``: a model spec's prediction, asked already."""
+    Idempotency-Key. ``predicted``: a model spec's prediction, asked already (for the
+    device type ``predict_for``, where ``prepare`` chose one other than the one it runs on)."""
     if idempotency_key is not None:
         return _submit_keyed(
-            db, caller, spec, settings, signal, now, idempotency_key, predicted, submitter
+            db,
+            caller,
+            spec,
+            settings,
+            signal,
+            now,
+            idempotency_key,
+            predicted,
+            submitter,
+            predict_for,
         )
     if db.is_sqlite:
         with db.transaction(write=False) as read:
-            who, spec = _caller_and_device(read, caller, spec, settings, now)
-        accepted = accept(spec, settings, predicted=predicted, submitter=submitter)
+            who, resolved = _caller_and_device(read, caller, spec, settings, now)
+        accepted = accept(
+            resolved,
+            settings,
+            predicted=predicted,
+            submitter=submitter,
+            predict_for=predict_for or predict_device(spec, resolved),
+        )
         with db.transaction() as conn:
             queue = experiments.queue_info(conn, accepted, settings, now)
             row = experiments.insert_queued(conn, accepted, settings, now, submitted_by=who.id)
     else:  # one connection, one transaction
         with db.transaction() as conn:
-            who, spec = _caller_and_device(conn, caller, spec, settings, now)
-            accepted = accept(spec, settings, predicted=predicted, submitter=submitter)
+            who, resolved = _caller_and_device(conn, caller, spec, settings, now)
+            accepted = accept(
+                resolved,
+                settings,
+                predicted=predicted,
+                submitter=submitter,
+                predict_for=predict_for or predict_device(spec, resolved),
+            )
             queue = experiments.queue_info(conn, accepted, settings, now)
             # The insert last: it locks the submitter's queued count until the commit.
             row = experiments.insert_queued(conn, accepted, settings, now, submitted_by=who.id)
@@ -120,11 +145,18 @@ def _submit_keyed(
     idempotency_key: str,
     predicted: ModelPrediction | None,
     submitter: str,
+    predict_for: str | None = None,
 ) -> tuple[ExperimentOut, bool]:
     with db.session() as s:
         with db.reads_before_writing(s) as read:
-            who, spec = _caller_and_device(read, caller, spec, settings, now)
-        accepted = accept(spec, settings, predicted=predicted, submitter=submitter)
+            who, resolved = _caller_and_device(read, caller, spec, settings, now)
+        accepted = accept(
+            resolved,
+            settings,
+            predicted=predicted,
+            submitter=submitter,
+            predict_for=predict_for or predict_device(spec, resolved),
+        )
         return experiments.submit_once(
             s,
             accepted,

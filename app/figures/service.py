@@ -88,13 +88,29 @@ def label(exp: Experiment) -> str:
     if exp.kind == "snapshot":
         named = (exp.name or "").lower() not in ("", "snapshot")  # not the default name
         return f"{exp.name} (snapshot {exp.id[:8]})" if named else f"snapshot {exp.id[:8]}"
+    if exp.op == "model":  # a model by its name, batch x length and precision
+        return f"{model_words(exp.params or {})} {exp.device} ({exp.id[:8]})"
     shape = "x".join(str(d) for d in exp.shape)
     what = " ".join(p for p in (exp.op, exp.preset or "", shape, exp.dtype, exp.device) if p)
     return f"{what} ({exp.id[:8]})"
 
 
+def model_words(params: dict[str, Any]) -> str:
+    """``gpt2 train 16x1024 bf16-autocast``: a model experiment in a few words."""
+    length = params.get("seq_len") or params.get("image_size")
+    size = f"{params.get('batch_size')}" + (f"x{length}" if length else "")
+    words = [params.get("model"), params.get("task"), size, params.get("precision")]
+    if params.get("checkpointing"):
+        words.append("checkpointing")
+    if (params.get("micro_batches") or 1) > 1:
+        words.append(f"{params['micro_batches']} micro-batches")
+    return " ".join(str(w) for w in words if w)
+
+
 def _short_label(exp: Experiment) -> str:
     """The id first, so that a legend cut to fit still tells the lines apart."""
+    if exp.op == "model":
+        return f"{exp.id[:8]} {model_words(exp.params or {})} {exp.device}"
     shape = "x".join(str(d) for d in exp.shape)
     what = " ".join(p for p in (exp.preset or exp.op, shape, exp.dtype, exp.device) if p)
     return f"{exp.id[:8]} {what}"

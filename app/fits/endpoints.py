@@ -13,7 +13,7 @@ from app.figures.responses import FIGURE_RESPONSES, FigureFormat, respond
 from app.fits import service as fits
 from app.fits.engine import FitWake
 from app.fits.schemas import FitIn, FitOut, FitPage
-from app.queue import workers
+from app.queue import local_worker, workers
 from app.tables import Fit
 from vramlab.contract import FitStatus
 
@@ -39,7 +39,13 @@ def planned_fit(
         return fits.plan(body, s, settings, device)
 
 
-@router.post("", status_code=202, response_model=FitOut, summary="Search what fits")
+@router.post(
+    "",
+    status_code=202,
+    response_model=FitOut,
+    summary="Search what fits",
+    dependencies=[Depends(local_worker.wait_for_it)],
+)
 def create(
     who: Annotated[Principal, require("submit")],
     fit: Annotated[Fit, Depends(planned_fit)],

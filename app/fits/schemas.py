@@ -68,6 +68,12 @@ class FitTrial(BaseModel):
     error_type: str | None = None
 
 
+class PredictedPoint(BaseModel):
+    value: int
+    peak_allocated: int | None
+    peak_reserved: int | None
+
+
 class FitVariant(BaseModel):
     index: int
     overrides: dict[str, Any]
@@ -86,6 +92,11 @@ class FitVariant(BaseModel):
         description="(measured - predicted) / predicted peak at max_fitting, in percent"
     )
     upper_bound: int = Field(description="the highest value this search could try")
+    predicted_points: list[PredictedPoint] = Field(
+        default_factory=list,
+        description="the values the prediction tried on its way to predicted_max_fitting, "
+        "each with its predicted peaks: the variant's predicted curve",
+    )
     note: str | None = None
     error: str | None = None
     trials: list[FitTrial]

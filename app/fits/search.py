@@ -26,6 +26,7 @@ from app.experiments.spec_schemas import ExperimentSpec
 from app.experiments.specs import AcceptedSpec, accept
 from vramlab.contract import FIT_VARIES, ErrorType, Status
 from vramlab.runspec import model_maximum
+from vramlab.units import human_bytes
 
 # Where the catalog bounds a varied param (ModelParams declares it): a fit searches no higher.
 PARAM_MAXIMUM = {vary: model_maximum(vary) or 0 for vary in FIT_VARIES}
@@ -98,6 +99,9 @@ def predict(attempt: Try, step: int, upper: int) -> dict[str, Any]:
     step fits; None: nothing is predicted), and ``limit``/``note`` where the catalog
     refuses a value below ``upper``."""
     out: dict[str, Any] = {"predicted_max_fitting": None}
+    # Each value predicted on the way (value, peak allocated, peak reserved): the fit's
+    # plot draws them as the variant's predicted curve before any trial has run.
+    points: dict[int, list[int | None]] = {}
     top = upper // step
 
     def fits(k: int) -> bool | None:
@@ -110,9 +114,12 @@ def predict(attempt: Try, step: int, upper: int) -> dict[str, Any]:
             return False
         # What the capped allocator reserves (fragmentation included) decides; a
         # prediction without it falls back on what the step allocates.
-        peak = accepted.prediction.get("peak_reserved") or accepted.prediction.get("peak_allocated")
+        predicted = accepted.prediction
+        peak = predicted.get("peak_reserved") or predicted.get("peak_allocated")
         if peak is None:
             return None
+        points[k * step] = [predicted.get("peak_allocated"), predicted.get("peak_reserved")]
+        out["predicted_points"] = [[v, *points[v]] for v in sorted(points)]
         capacity = accepted.spec.params["capacity_bytes"]
         return bool(peak <= capacity)
 
@@ -139,6 +146,19 @@ def predict(attempt: Try, step: int, upper: int) -> dict[str, Any]:
         lo, hi = (mid, hi) if answer else (lo, mid)
     out["predicted_max_fitting"] = lo * step
     return out
+
+
+def none_fits(variant: Mapping[str, Any], vary: str, step: int) -> str:
+    """Why a variant has no answer: even its smallest value ran out of memory, and what
+    that value is predicted to need."""
+    for value, allocated, reserved in variant.get("predicted_points") or []:
+        needs = reserved or allocated
+        if value == step and needs:
+            return (
+                f"none fits: even {step} needs {human_bytes(needs)} (predicted; "
+                f"{vary}={step} ran out of memory)"
+            )
+    return f"none fits: even {vary}={step} ran out of memory"
 
 
 def refusal(exc: InvalidSpec) -> str:
@@ -189,7 +209,14 @@ def decide(
     lo = max(below) if below else None
     top = upper // step
     if hi is not None and hi <= 1:
-        return Decision(fields={"state": "done", "max_fitting": None, "first_failing": step})
+        return Decision(
+            fields={
+                "state": "done",
+                "max_fitting": None,
+                "first_failing": step,
+                "note": none_fits(variant, vary, step),
+            }
+        )
     if lo is not None and hi is not None and hi == lo + 1:
         return Decision(
             fields={"state": "done", "max_fitting": lo * step, "first_failing": hi * step}

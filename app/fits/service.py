@@ -15,6 +15,7 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, and_, or_, select, update
 from sqlalchemy.orm import Session
 
+from app.catalog.finetune import PAGED_OPTIMIZERS
 from app.core import cursors, ids
 from app.core.config import Settings
 from app.core.errors import Conflict, InvalidSpec
@@ -22,7 +23,7 @@ from app.experiments import service as experiments
 from app.figures.chart import Chart, Line
 from app.fits import search as fit_search
 from app.fits.engine import OPEN, FitWake
-from app.fits.schemas import FitIn, FitOut, FitSummary, FitTrial, FitVariant
+from app.fits.schemas import FitIn, FitOut, FitSummary, FitTrial, FitVariant, PredictedPoint
 from app.tables import Experiment, Fit, Worker
 from vramlab.contract import FitStatus, Status
 from vramlab.units import human_bytes
@@ -73,6 +74,14 @@ def plan(body: FitIn, session: Session, settings: Settings, default_device: str)
     if "capacity_bytes" in params:
         raise InvalidSpec(
             "spec.params.capacity_bytes", "give the capacity as the fit's capacity_bytes"
+        )
+    if params.get("optimizer") in PAGED_OPTIMIZERS or "paged" in str(
+        (params.get("trainer") or {}).get("optim", "")
+    ):
+        raise InvalidSpec(
+            "spec.params.optimizer",
+            "a paged optimizer keeps its state in managed memory, which the allocator's "
+            "counters do not see and a capacity cannot bound: fit searches refuse it",
         )
     gpu = body.requirements.gpu_name
     on_cpu = str(raw["device"]).startswith("cpu")
@@ -215,6 +224,10 @@ def _variant(fit: Fit, i: int, v: dict[str, Any], found: dict[str, Experiment]) 
         first_failing=v.get("first_failing"),
         prediction_error=error,
         upper_bound=fit_search.upper_bound(v, fit.vary, fit.max_value),
+        predicted_points=[
+            PredictedPoint(value=x, peak_allocated=a, peak_reserved=r)
+            for x, a, r in v.get("predicted_points") or []
+        ],
         note=v.get("note"),
         error=v.get("error"),
         trials=sorted(trials, key=lambda t: t.value),
@@ -333,6 +346,25 @@ def chart(out: FitOut) -> Chart:
                 )
             )
         xs_all += [float(t.value) for t in v.trials]
+        # The prediction's curve, drawn before any trial has run: what the search starts
+        # from (reserved where predicted: it sets the edge, as the capacity line does).
+        predicted = [
+            (float(p.value), float(p.peak_reserved or p.peak_allocated or 0))
+            for p in v.predicted_points
+            if p.peak_reserved or p.peak_allocated
+        ]
+        if predicted:
+            figure = "reserved" if any(p.peak_reserved for p in v.predicted_points) else "allocated"
+            result.lines.append(
+                Line(
+                    f"{name}: predicted peak {figure}",
+                    [p[0] for p in predicted],
+                    [p[1] for p in predicted],
+                    step=False,
+                    dashed=True,
+                )
+            )
+            xs_all += [p[0] for p in predicted]
     if xs_all:
         lo, hi = min(xs_all), max(xs_all)
         pad = max(1.0, (hi - lo) / 20)

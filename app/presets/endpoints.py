@@ -2,7 +2,7 @@
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Path
+from fastapi import APIRouter, Body, Depends, Path
 
 from app.access import tokens as auth
 from app.access.tokens import Principal
@@ -11,6 +11,7 @@ from app.core.errors import ERROR_RESPONSES
 from app.experiments.schemas import ExperimentOut
 from app.presets import service as presets
 from app.presets.schemas import PresetOut, PresetRun
+from app.queue import local_worker
 
 router = APIRouter(prefix="/v1/presets", tags=["presets"], responses=ERROR_RESPONSES)
 
@@ -26,7 +27,11 @@ def list_presets() -> list[PresetOut]:
 
 
 @router.post(
-    "/{name}/runs", status_code=202, response_model=ExperimentOut, summary="Queue a preset"
+    "/{name}/runs",
+    status_code=202,
+    response_model=ExperimentOut,
+    summary="Queue a preset",
+    dependencies=[Depends(local_worker.wait_for_it)],
 )
 def run_preset(
     name: Annotated[str, Path(max_length=64)],

@@ -31,8 +31,8 @@ from app.core.config import Settings
 from app.core.db import Database
 from app.core.errors import ERROR_RESPONSES
 from app.core.signals import WorkSignal, wait_for
+from app.queue import local_worker, workers
 from app.queue import service as queue
-from app.queue import workers
 from app.queue.reaper import Nudge
 from app.queue.run_specs import run_spec
 from app.queue.schemas import (
@@ -65,9 +65,15 @@ WORKER_APART = [require("worker", apart=True)]
 
 @router.post("/register", response_model=RegisterResponse, dependencies=WORKER)
 def register(
-    req: RegisterRequest, s: SessionDep, settings: SettingsDep, now: NowDep, who: PrincipalDep
+    request: Request,
+    req: RegisterRequest,
+    s: SessionDep,
+    settings: SettingsDep,
+    now: NowDep,
+    who: PrincipalDep,
 ) -> RegisterResponse:
     worker = workers.register(s, req, now, registered_by=who.id)
+    local_worker.of(request).registered(who)
     return RegisterResponse(
         worker_id=worker.id,
         lease_seconds=settings.lease_seconds,
@@ -315,9 +321,20 @@ def result(
     dependencies=WORKER,
 )
 def report_batch(
-    req: ReportBatchRequest, s: SessionDep, now: NowDep, who: PrincipalDep, request: Request
+    req: ReportBatchRequest,
+    s: SessionDep,
+    now: NowDep,
+    who: PrincipalDep,
+    request: Request,
+    settings: SettingsDep,
 ) -> ReportBatchResponse:
-    verdicts = queue.finish_many(s, req.results, who, now)
+    # Traces sent with their outcomes are checked before the outcomes' rows are locked.
+    inline = {
+        item.experiment_id: traces.check_inline(item.trace_gz, settings)
+        for item in req.results
+        if item.trace_gz is not None
+    }
+    verdicts = queue.finish_many(s, req.results, who, now, inline)
     request.app.state.batch_calls.count("report", len(req.results))
     return ReportBatchResponse(
         results=[

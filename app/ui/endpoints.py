@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from app.access.tokens import Principal
 from app.api.deps import ExperimentDep, NowDep, SessionDep, SettingsDep, SignalDep, require
 from app.catalog.endpoints import listing as catalog_listing
+from app.catalog.endpoints import model_catalog
 from app.compare import service as compare
 from app.core.errors import ApiError, Conflict, NotFound
 from app.experiments import service as experiments
@@ -107,8 +108,19 @@ def submit_form(
         "submit.html",
         example=EXAMPLE_SPEC,
         catalog=catalog_listing(settings),
+        models=_model_choices(),
         devices=_live_devices(s, settings, now),
     )
+
+
+def _model_choices() -> dict[str, Any]:
+    """What the form's model list offers: the presets, then every transformers model_type."""
+    known = model_catalog()
+    types = sorted({t for kind in known.model_types.values() for t in kind})
+    return {
+        "presets": [{"name": p.name, "about": p.about} for p in known.presets],
+        "model_types": types,
+    }
 
 
 @router.get("/presets", response_class=HTMLResponse)

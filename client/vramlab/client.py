@@ -27,6 +27,8 @@ TERMINAL = tuple(str(s) for s in Status if s in FINISHED)
 
 # Called while waiting: what the API said last, and the seconds waited so far.
 Progress = Callable[[dict[str, Any], float], None]
+# How long one progress read may wait for a change (well inside the HTTP timeout).
+LONG_POLL_S = 10.0
 
 
 class Client:
@@ -187,16 +189,34 @@ class Client:
         sweep: dict[str, Any] = self._post("/v1/sweeps", body)
         return self.wait_sweep(sweep, poll_s, on_progress) if wait else sweep
 
+    def sweep_progress(
+        self, sweep_id: str, seen: str | None = None, wait_s: float = 0.0
+    ) -> dict[str, Any]:
+        """A sweep's counts by status (``GET /v1/sweeps/{id}/progress``); with ``seen`` (a
+        ``version`` read before), the next change, waiting up to ``wait_s`` for it."""
+        params: dict[str, Any] = {} if seen is None else {"seen": seen, "wait": wait_s}
+        out: dict[str, Any] = self._get(f"/v1/sweeps/{sweep_id}/progress", **params)
+        return out
+
     def wait_sweep(
         self, sweep: dict[str, Any], poll_s: float = 0.5, on_progress: Progress | None = None
     ) -> dict[str, Any]:
+        """Follow a sweep until it is done, then read it with its rows. Progress is
+        long-polled: each read answers when the counts change, at most one every
+        ``poll_s``; ``on_progress`` gets each (``n_points``, ``progress``, ``done``)."""
         started = time.monotonic()
+        seen: str | None = None
+        wait_s = min(LONG_POLL_S, (self.http.timeout.read or 2 * LONG_POLL_S) / 2)
         while not sweep["done"]:
-            time.sleep(poll_s)
-            sweep = self._get(f"/v1/sweeps/{sweep['id']}")
+            last = time.monotonic()
+            sweep = self.sweep_progress(sweep["id"], seen, wait_s)
+            seen = sweep["version"]
             if on_progress is not None:
                 on_progress(sweep, time.monotonic() - started)
-        return sweep
+            if not sweep["done"]:
+                time.sleep(max(0.0, poll_s - (time.monotonic() - last)))
+        out: dict[str, Any] = self._get(f"/v1/sweeps/{sweep['id']}")
+        return out
 
     def sweep_csv(self, sweep_id: str) -> str:
         return self.http.get(f"/v1/sweeps/{sweep_id}", params={"format": "csv"}).text

@@ -25,12 +25,55 @@ def describe(spec: dict[str, Any]) -> str:
     """A spec in a few words: a model experiment by its model and knobs."""
     if spec["op"] == "model":
         p = spec.get("params") or {}
-        size_ = f" x {p['seq_len']}" if p.get("seq_len") else ""
         return (
-            f"{p.get('model')} {p.get('task')} batch {p.get('batch_size')}{size_} "
+            f"{p.get('model')} {p.get('task')} batch {model_size(spec)} "
             f"{p.get('precision')} {spec['device']}"
         )
     return f"{spec['op']} {'x'.join(map(str, spec['shape']))} {spec['dtype']} {spec['device']}"
+
+
+def model_size(spec: dict[str, Any]) -> str:
+    """A model experiment's batch and length (``16 x 1024``, ``32 x 224px``)."""
+    p = spec.get("params") or {}
+    length = p.get("seq_len") or (f"{p['image_size']}px" if p.get("image_size") else None)
+    return f"{p.get('batch_size')}" + (f" x {length}" if length else "")
+
+
+def predicted_peak(exp: dict[str, Any]) -> int | None:
+    """What the list shows as predicted: a model's peak, an op's delta."""
+    prediction = exp.get("prediction") or {}
+    key = "peak_allocated" if exp.get("spec", {}).get("op") == "model" else "delta_allocated"
+    value = prediction.get(key)
+    return value if isinstance(value, int) else None
+
+
+def prediction_lines(prediction: dict[str, Any]) -> list[str]:
+    """A model's prediction for people: its peak, the device it is for, what holds it."""
+    peak = prediction.get("peak_allocated")
+    if not isinstance(peak, int):
+        said = "; ".join(prediction.get("caveats") or []) or "no prediction"
+        return [f"not predicted: {said}"]
+    lines = [
+        f"predicted for {prediction.get('predicted_for') or 'its device'}: the step peaks at "
+        f"{size(peak)} allocated"
+        + (
+            f", {size(prediction['peak_reserved'])} reserved"
+            if prediction.get("peak_reserved")
+            else ""
+        )
+    ]
+    categories = prediction.get("categories") or {}
+    rows = [
+        (k.replace("_", " "), size(v), f"{100 * v / peak:.0f}%" if peak else "")
+        for k, v in sorted(categories.items(), key=lambda kv: -(kv[1] or 0))
+        if v
+    ]
+    if rows:
+        lines.append(table(["category", "predicted", "share"], rows))
+    lines += [
+        f"note: {c}" for c in prediction.get("caveats") or [] if c.startswith("predicted for")
+    ]
+    return lines
 
 
 def result_of(exp: dict[str, Any]) -> dict[str, Any] | None:
@@ -68,6 +111,9 @@ def show_experiment(exp: dict[str, Any]) -> None:
         print(f"{what}: {exp['error']['type']}: {exp['error']['message']}")
     result = result_of(exp)
     if result is None:
+        if spec["op"] == "model" and exp.get("prediction"):
+            for line in prediction_lines(exp["prediction"]):
+                print(line)
         return
     prediction = exp.get("prediction") or {}
     if spec["op"] == "model":  # a model's prediction is its step's peak, not an op's figures
@@ -95,6 +141,9 @@ def show_experiment(exp: dict[str, Any]) -> None:
             print(f"partial: the recorded program {how}; this snapshot holds the run until then")
         return
     if result.get("model") is not None:
+        predicted_for = (exp.get("prediction") or {}).get("predicted_for")
+        if predicted_for:
+            print(f"predicted for {predicted_for}")
         show_model(result, prediction)
     for note in result.get("notes") or []:
         print(f"- {note}")

@@ -10,15 +10,18 @@ import pytest
 
 from tests.conftest import LiveServer, make_settings
 from tests.helpers import claim, register, succeed
+from vramlab.units import human_bytes
 
 pytest.importorskip("transformers")
 
 CAPACITY = 17_235_192  # tiny-gpt2 at seq_len 32 is predicted to fit a batch of 16 in this
+# (dropout off: the figure this capacity was measured for; training keeps the config's
+# dropout otherwise)
 SPEC = {
     "op": "model",
     "shape": [],
     "device": "cpu",
-    "params": {"model": "tiny-gpt2", "seq_len": 32},
+    "params": {"model": "tiny-gpt2", "seq_len": 32, "dropout": 0.0},
 }
 
 
@@ -109,6 +112,46 @@ def test_the_search_stops_at_max_value(database_url: str) -> None:
     assert variant["upper_bound"] == 3 and "upper bound" in variant["note"]
 
 
+def test_the_plot_draws_the_predicted_curve_before_any_trial(database_url: str) -> None:
+    settings = make_settings(database_url, fit_check_seconds=0.5)
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=60) as client:
+        made = client.post("/v1/fits", json={"spec": SPEC, "capacity_bytes": CAPACITY})
+        assert made.status_code == 202, made.text
+        fit_id = made.json()["id"]
+        deadline = time.monotonic() + 120  # no worker: the search predicts, then waits
+        while time.monotonic() < deadline:
+            [variant] = client.get(f"/v1/fits/{fit_id}").json()["variants"]
+            if variant["predicted_max_fitting"] is not None:
+                break
+            time.sleep(0.2)
+        svg = client.get(f"/v1/fits/{fit_id}/plot", params={"format": "svg"}).text
+    points = variant["predicted_points"]
+    assert not any(t["status"] == "succeeded" for t in variant["trials"])
+    assert [p["value"] for p in points][:2] == [1, 2]
+    assert max(p["value"] for p in points) > variant["predicted_max_fitting"] == 16
+    fits = [p for p in points if (p["peak_reserved"] or p["peak_allocated"]) <= CAPACITY]
+    assert max(p["value"] for p in fits) == 16
+    assert "as given: predicted peak" in svg
+
+
+def test_when_even_the_smallest_value_runs_out_of_memory_it_says_what_that_needs(
+    database_url: str,
+) -> None:
+    settings = make_settings(database_url, fit_check_seconds=0.5)
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=60) as client:
+        made = client.post("/v1/fits", json={"spec": SPEC, "capacity_bytes": 2**20})
+        assert made.status_code == 202, made.text
+        fit = run_by_rule(client, made.json()["id"], {"1": 0}, capacity=2**20)
+        page = client.get(f"/ui/fits/{fit['id']}").text
+    (variant,) = fit["variants"]
+    assert variant["predicted_max_fitting"] == 0
+    assert variant["max_fitting"] is None and variant["first_failing"] == 1
+    [one] = [p for p in variant["predicted_points"] if p["value"] == 1]
+    needs = human_bytes(one["peak_reserved"] or one["peak_allocated"])
+    assert variant["note"].startswith(f"none fits: even 1 needs {needs}")
+    assert f"even 1 needs {needs}" in page
+
+
 def test_a_sequence_length_stops_at_the_models_positions(database_url: str) -> None:
     """tiny-gpt2 has 256 positions: a capacity it never fills ends the search there,
     with no first failing value and a note saying why."""
@@ -134,7 +177,7 @@ def test_a_cuda_fit_is_predicted_on_what_the_allocator_reserves(database_url: st
     capacity (its segments' free holes included), not where the allocated peak does."""
     from workers.models.predict import predict
 
-    params = {"model": "gpt2", "config": {"n_layer": 2}, "seq_len": 128}
+    params = {"model": "gpt2", "config": {"n_layer": 2}, "seq_len": 128, "dropout": 0.0}
     capacity = predict({**params, "batch_size": 3}, "cuda")["peak_reserved"] + 2**20
 
     def last(figure: str) -> int:

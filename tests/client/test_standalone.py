@@ -192,7 +192,7 @@ def test_record_a_program(with_torch: Path, service: str, tmp_path: Path) -> Non
         assert f"{service}/ui/snapshots/" in done.stdout
     else:
         assert "no CUDA device; nothing recorded" in done.stderr
-        assert done.returncode == 1  # it left no snapshot
+        assert done.returncode == 0  # the program's status, though it left no snapshot
 
     # Where there is no GPU: a program that leaves what PyTorch's dump would.
     fake = tmp_path / "train.py"

@@ -73,7 +73,10 @@ def test_record_uploads_what_the_program_left_and_keeps_its_status(
     assert "partial: the recorded program exited with status 3" in shown.stdout, shown.stderr
 
 
-def test_record_without_cuda_says_so(server: LiveServer, tmp_path: Path) -> None:
+@pytest.mark.parametrize("code", [0, 3])
+def test_record_without_cuda_says_so_and_passes_the_status_on(
+    server: LiveServer, tmp_path: Path, code: int
+) -> None:
     pytest.importorskip("torch")
     import torch
 
@@ -81,10 +84,10 @@ def test_record_without_cuda_says_so(server: LiveServer, tmp_path: Path) -> None
         pytest.skip("this checks the message on a machine without CUDA")
     program = tmp_path / "noop.py"
     program.write_text("import sys; sys.exit(int(sys.argv[1]))\n")
-    done = _record(server, program)
+    done = _record(server, program, program_args=(str(code),))
     assert "no CUDA device; nothing recorded" in done.stderr
     assert "left no snapshot" in done.stderr
-    assert done.returncode == 3
+    assert done.returncode == code  # the program's status, 0 included
 
 
 def test_what_the_bootstrap_adds_is_plain_data() -> None:

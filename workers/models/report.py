@@ -70,6 +70,9 @@ def finish(result: dict[str, Any], details: dict[str, Any], records: dict[str, A
         parameter_bytes=raw["parameter_bytes"],
         gradient_bytes=raw["gradient_bytes"],
         optimizer_state_bytes=raw["optimizer_state_bytes"],
+        trainable_parameter_count=raw.get("trainable_parameter_count"),
+        trainable_parameters=raw.get("trainable_parameters"),
+        paged_optimizer_state_bytes=raw.get("paged_optimizer_state_bytes"),
         reported_step=reported.step,
         peak_allocated=reported.peak_allocated,
         peak_reserved=reported.peak_reserved,
@@ -113,8 +116,17 @@ def notes(result: dict[str, Any], spec: RunSpec) -> list[str]:
     if not model:
         return []
     said: list[str] = []
-    predicted = spec.prediction.peak_allocated if spec.prediction is not None else None
-    if predicted:
+    prediction = spec.prediction
+    predicted = prediction.peak_allocated if prediction is not None else None
+    ran_on = "cpu" if str(spec.device) == "cpu" else "cuda"
+    predicted_for = str((prediction.predicted_for if prediction else None) or ran_on)
+    if predicted and not predicted_for.startswith(ran_on):
+        said.append(
+            f"Predicted before it ran, for {predicted_for}: step {model['reported_step']} "
+            f"peaks at {human_bytes(predicted)}; it ran on the {ran_on}, where it measured "
+            f"{human_bytes(model['peak_allocated'])} (not comparable: no device was named)."
+        )
+    elif predicted:
         error = 100 * (predicted - model["peak_allocated"]) / max(1, model["peak_allocated"])
         said.append(
             f"Predicted before it ran: step {model['reported_step']} peaks at "

@@ -9,9 +9,17 @@ from pathlib import Path
 from typing import Any
 
 from vramlab.client import Client
-from vramlab.commands.common import client_of, isolation_arg, reported, value, wait_args
+from vramlab.commands.common import client_of, isolation_arg, param_value, reported, wait_args
 from vramlab.errors import ClientError, GaveUp
-from vramlab.experiment_view import result_of, said, show_experiment
+from vramlab.experiment_view import (
+    describe,
+    model_size,
+    predicted_peak,
+    prediction_lines,
+    result_of,
+    said,
+    show_experiment,
+)
 from vramlab.names import Status
 from vramlab.render import print_json, size, status_line, table
 
@@ -33,9 +41,17 @@ def spec_of(args: argparse.Namespace) -> dict[str, Any]:
     spec.update({k: v for k, v in flags.items() if v is not None})
     if args.shape:
         spec["shape"] = _shape(args.shape)
+    config = getattr(args, "config", None)
+    if config:  # a model's own config.json, inline: the model is what it describes
+        try:
+            document = json.loads(Path(config).read_text())
+        except (OSError, ValueError) as exc:
+            raise ClientError(f"--config {config}: not a readable JSON file ({exc})") from None
+        spec.setdefault("op", "model")
+        spec.setdefault("params", {})["config_json"] = document
     for item in args.param or []:
         key, _, text = item.partition("=")
-        spec.setdefault("params", {})[key] = value(text)
+        spec.setdefault("params", {})[key] = param_value(key, text)
     if args.tag:
         spec["tags"] = [*spec.get("tags", []), *args.tag]
     if spec.get("op") == "model":
@@ -61,6 +77,12 @@ def _waited(client: Client, exp: dict[str, Any], args: argparse.Namespace) -> di
 
 
 def _finish_submit(client: Client, exp: dict[str, Any], args: argparse.Namespace) -> int:
+    if args.wait and not args.json and exp["spec"]["op"] == "model":
+        # The answer to "will it fit" is known now: say it before the run, which may be long.
+        print(f"{exp['id']}  {describe(exp['spec'])}")
+        for line in prediction_lines(exp.get("prediction") or {}):
+            print(line)
+        print(flush=True)
     if args.wait:
         exp = _waited(client, exp, args)
     if args.json:
@@ -124,22 +146,25 @@ def cmd_ls(args: argparse.Namespace) -> int:
     for e in page["items"]:
         memory = (result_of(e) or {}).get("memory") or {}
         s = e["spec"]
+        if s["op"] == "model":  # a model by its name, batch x length and precision
+            p = s.get("params") or {}
+            what = (f"model {p.get('model')}", model_size(s), p.get("precision"))
+        else:
+            what = (s["op"], "x".join(map(str, s["shape"])), s["dtype"])
         rows.append(
             (
                 e["id"][:8],
                 said(e),
-                s["op"],
-                "x".join(map(str, s["shape"])),
-                s["dtype"],
+                *what,
                 s["device"],
                 size(memory.get("delta_allocated")),
                 size(memory.get("allocated_peak")),
+                size(predicted_peak(e)),
                 e["created_at"][:19],
             )
         )
-    print(
-        table(["id", "status", "op", "shape", "dtype", "device", "delta", "peak", "created"], rows)
-    )
+    headers = ["id", "status", "op", "shape", "dtype", "device", "delta", "peak", "predicted"]
+    print(table([*headers, "created"], rows))
     return 0
 
 
@@ -154,6 +179,9 @@ def register_submit(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int)
     isolation_arg(p)
     p.add_argument("--param", action="append", help="KEY=VALUE (VALUE as JSON); repeatable")
+    p.add_argument(
+        "--config", help="a model's config.json (sent inline as params.config_json; op model)"
+    )
     p.add_argument("--tag", action="append")
     wait_args(p)
     p.set_defaults(func=reported(cmd_submit))

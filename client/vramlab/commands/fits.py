@@ -2,38 +2,22 @@
 memory capacity, over HTTP (``/v1/fits``), like the other client commands."""
 
 import argparse
-import re
 import sys
 from typing import Any
 
-from vramlab.commands.common import client_of, reported, value
+from vramlab import units
+from vramlab.commands.common import client_of, param_value, reported
 from vramlab.errors import ClientError
 from vramlab.names import FIT_VARIES, FitStatus
 from vramlab.render import print_json, progress_bar, size, status_line, table
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-
 
 def parse_bytes(text: str) -> int:
-    """``24GiB``, ``80GB``, ``1.5 GiB`` or a number of bytes."""
-    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
-    unit = match.group(2).lower() if match else None
-    if match is None or unit not in _UNITS:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a size: write e.g. 24GiB, 80GB or a number of bytes"
-        )
-    return int(float(match.group(1)) * _UNITS[unit])
+    """``24GiB``, ``80GB``, ``1.5 GiB`` or a number of bytes (a flag's type)."""
+    try:
+        return units.parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _overrides(text: str) -> dict[str, Any]:
@@ -43,7 +27,7 @@ def _overrides(text: str) -> dict[str, Any]:
         key, eq, given = item.partition("=")
         if not eq or not key.strip():
             raise ClientError(f"--variant {text!r}: write KEY=VALUE[,KEY=VALUE...]")
-        out[key.strip()] = value(given.strip())
+        out[key.strip()] = param_value(key.strip(), given.strip())
     return out
 
 
@@ -76,13 +60,26 @@ def _bar(fit: dict[str, Any]) -> str:
     )
 
 
+def _max(v: dict[str, Any]) -> Any:
+    """A variant's answer: its largest fitting value, "none" where even the smallest ran
+    out of memory, blank while unknown."""
+    if v["max_fitting"] is None and v["state"] == "done":
+        return "none"
+    return v["max_fitting"]
+
+
 def show(fit: dict[str, Any]) -> None:
     vary = fit["vary"]
-    print(
-        f"fit {fit['id']}: {fit['status']}, the largest {vary} of "
-        f"{fit['spec'].get('params', {}).get('model')} that fits "
-        f"{size(fit['capacity_bytes'])} ({fit['capacity_source']})"
-    )
+    model = fit["spec"].get("params", {}).get("model")
+    where = f"{size(fit['capacity_bytes'])} ({fit['capacity_source']})"
+    variants = fit["variants"]
+    if variants and all(_max(v) == "none" for v in variants):
+        # No answer to "the largest": say so, and what even the smallest needs.
+        print(f"fit {fit['id']}: {fit['status']}: no {vary} of {model} fits {where}")
+        for v in variants:
+            print(f"  {v['note'] or 'none fits'}")
+    else:
+        print(f"fit {fit['id']}: {fit['status']}, the largest {vary} of {model} that fits {where}")
     if fit.get("error"):
         print(f"  {fit['error']}")
     rows = []
@@ -93,7 +90,7 @@ def show(fit: dict[str, Any]) -> None:
                 v["index"],
                 ", ".join(f"{k}={val}" for k, val in v["overrides"].items()) or "as given",
                 v["state"],
-                v["max_fitting"],
+                _max(v),
                 v["first_failing"],
                 v["predicted_max_fitting"],
                 "" if error is None else f"{error:+.2f}%",

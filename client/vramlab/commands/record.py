@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
                     else "left no snapshot (no CUDA?)"
                 )
                 _say(f"the program {said}; nothing uploaded")
-                return status(done.code) or 1
+                return status(done.code)  # the program's status, as the docs promise
             code = done.code
             if code != 0:
                 said = f"was stopped by signal {-code}" if code < 0 else f"exited with code {code}"

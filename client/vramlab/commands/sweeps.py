@@ -77,10 +77,59 @@ def cmd_compare(args: argparse.Namespace) -> int:
             row.append(text)
         rows.append(row)
     print(table(headers, rows))
+    _models_side_by_side(out, headers)
     for key, values in out["environment"].items():
         shown = ("not recorded" if v is None else repr(v) if v == "" else str(v) for v in values)
         print(f"environment {key}: {' | '.join(shown)}")
     return 0
+
+
+MODEL_KNOBS = (
+    "model",
+    "task",
+    "batch_size",
+    "seq_len",
+    "image_size",
+    "precision",
+    "optimizer",
+    "checkpointing",
+    "micro_batches",
+    "predicted_for",
+)
+
+
+def _models_side_by_side(out: dict[str, Any], headers: list[str]) -> None:
+    """Model experiments: the knobs that set their size, then what held memory at the
+    peak (measured, with the prediction beside it), one column each."""
+    items = out["items"]
+    models = [i.get("model") or {} for i in items]
+    if not any(models):
+        return
+    rows = [
+        [key, *("" if m.get(key) is None else str(m.get(key)) for m in models)]
+        for key in MODEL_KNOBS
+        if any(m.get(key) is not None for m in models)
+    ]
+    print()
+    print(table(["model", *headers[1:]], rows))
+    measured = out.get("categories") or {}
+    predicted = out.get("predicted_categories") or {}
+    names = list(dict.fromkeys([*measured, *predicted]))
+    if not names:
+        return
+    rows = []
+    for name in names:
+        row = [name.replace("_", " ")]
+        for n in range(len(items)):
+            got = (measured.get(name) or [None] * len(items))[n]
+            guess = (predicted.get(name) or [None] * len(items))[n]
+            text = size(got) if got is not None else ""
+            if guess is not None:
+                text += f" (predicted {size(guess)})" if text else f"predicted {size(guess)}"
+            row.append(text)
+        rows.append(row)
+    print("\nat the peak, by category:")
+    print(table(["category", *headers[1:]], rows))
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
