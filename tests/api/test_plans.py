@@ -58,7 +58,10 @@ def test_a_plan_answers_for_gpus_and_a_capacity_without_any_worker(
     database_url: str,
 ) -> None:
     # A cap far below the cards asked about: it bounds what runs, not what is predicted.
-    settings = make_settings(database_url, max_experiment_bytes=64 * MiB)
+    # (its predictor starts with this server: on a busy machine that takes a while)
+    settings = make_settings(
+        database_url, max_experiment_bytes=64 * MiB, model_predict_wait_s=300.0
+    )
     with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=120) as client:
         plan = _plan(client, gpus=["4090", "h100"], capacity_bytes=24 * MiB, verify=False)
     assert plan["predicted"] is True and plan["device"] == "cuda"
