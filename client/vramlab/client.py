@@ -16,11 +16,12 @@ from typing import Any, BinaryIO
 import httpx
 
 from vramlab import recorder
-from vramlab.errors import ClientError, GaveUp, checked
+from vramlab.errors import ApiError, ClientError, GaveUp, checked
 from vramlab.names import FINISHED, FitStatus, Status
 from vramlab.recorder import Recording
 
 DEFAULT_API = "http://127.0.0.1:8000"
+PLAN_ATTEMPTS = 4  # a plan past the service's time bound is asked again (503, then cached)
 FULL_ID = 36
 TERMINAL = tuple(str(s) for s in Status if s in FINISHED)
 
@@ -261,6 +262,52 @@ class Client:
             body["max_value"] = max_value
         fit: dict[str, Any] = self._post("/v1/fits", body)
         return self.wait_fit(fit, poll_s, on_progress) if wait else fit
+
+    # -- plans and the GPU catalog ------------------------------------------------
+
+    def plan(
+        self,
+        model: str,
+        *,
+        gpus: Iterable[str] = (),
+        capacity_bytes: int | None = None,
+        vary: str = "batch_size",
+        task: str = "train",
+        params: Mapping[str, Any] | None = None,
+        variants: Iterable[Mapping[str, Any]] = (),
+        suggest: bool = True,
+        verify: bool = True,
+    ) -> dict[str, Any]:
+        """Will a model's step fit these GPUs (names from ``gpus()``, loosely matched) or
+        ``capacity_bytes``: predicted, nothing run. ``variants``: more answers, each with
+        these params overridden (the spec as given is always the first)."""
+        body: dict[str, Any] = {
+            "spec": {"op": "model", "params": {"model": model, "task": task, **(params or {})}},
+            "gpus": list(gpus),
+            "vary": vary,
+            "variants": [{}, *(dict(v) for v in variants)],
+            "suggest": suggest,
+            "verify": verify,
+        }
+        if capacity_bytes is not None:
+            body["capacity_bytes"] = capacity_bytes
+        # A plan traces steps for up to 90 s (the service's bound), past the usual timeout;
+        # one that runs past its bound answers 503, and asked again it goes on from what
+        # the service's predictor has cached.
+        for attempt in range(PLAN_ATTEMPTS):
+            try:
+                out: dict[str, Any] = checked(self.http.post("/v1/plans", json=body, timeout=120))
+                return out
+            except ApiError as exc:
+                if exc.status_code != 503 or attempt == PLAN_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def gpus(self) -> dict[str, Any]:
+        """The GPU catalog (``items``): each card's total and usable memory, compute
+        capability, bf16, cuBLAS's workspace."""
+        out: dict[str, Any] = self._get("/v1/gpus")
+        return out
 
     def wait_fit(
         self, fit: dict[str, Any], poll_s: float = 1.0, on_progress: Progress | None = None
