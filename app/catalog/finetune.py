@@ -15,7 +15,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from app.catalog.model import CatalogError
+from vramlab.catalog.errors import CatalogError
 
 Params = Mapping[str, Any]
 

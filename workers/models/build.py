@@ -148,7 +148,7 @@ def build(
     from transformers.initialization import no_init_weights
 
     resolved, config = config_of(params)
-    tune = FineTune.of(params.wire())
+    tune = FineTune.of(params)
     task, precision = params.task, params.precision
     auto = getattr(transformers, _AUTO[resolved.kind])
     weights = WEIGHT_DTYPES.get(precision, torch.float32)

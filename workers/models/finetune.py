@@ -18,6 +18,8 @@ from unittest import mock
 
 import torch
 
+from vramlab.runspec import ModelParams
+
 # Config attributes that hold a dropout probability, by how transformers names them.
 _DROPOUT_NAME = re.compile(r"(dropout|pdrop|drop_rate|dropout_rate)$")
 
@@ -71,23 +73,18 @@ class FineTune:
     config_json: Mapping[str, Any] | None = None
 
     @classmethod
-    def of(cls, params: Mapping[str, Any]) -> FineTune:
-        def opt(name: str, kind: type) -> Any:
-            value = params.get(name)
-            return None if value is None else kind(value)
-
-        lora = params.get("peft")
-        quant = params.get("quantization")
+    def of(cls, params: ModelParams) -> FineTune:
+        lora, quant = params.peft, params.quantization
         return cls(
-            dropout=opt("dropout", float),
-            target_len=opt("target_len", int),
-            use_cache=opt("use_cache", bool),
-            logits_to_keep=opt("logits_to_keep", int),
+            dropout=params.dropout,
+            target_len=params.target_len,
+            use_cache=params.use_cache,
+            logits_to_keep=params.logits_to_keep,
             lora=Lora.of(lora) if isinstance(lora, Mapping) else None,
             quantization=Quantization.of(quant) if isinstance(quant, Mapping) else None,
-            loss=str(params.get("loss") or "default"),
-            max_grad_norm=opt("max_grad_norm", float),
-            config_json=params.get("config_json"),
+            loss=params.loss,
+            max_grad_norm=params.max_grad_norm,
+            config_json=params.config_json,
         )
 
 
