@@ -265,6 +265,7 @@ def _phases(
     params = ModelParams.of(params)
     from workers.models.build import config_of
 
+    params = ModelParams.of(params)
     _, config = config_of(params)
     how = cost.plan(config, params.config_overrides)
     if not how.shallow:
