@@ -76,14 +76,14 @@ class FineTune:
     def of(cls, params: ModelParams) -> FineTune:
         lora, quant = params.peft, params.quantization
         return cls(
-            dropout=None if params.dropout is None else float(params.dropout),
+            dropout=params.dropout,
             target_len=params.target_len,
             use_cache=params.use_cache,
             logits_to_keep=params.logits_to_keep,
             lora=Lora.of(lora) if isinstance(lora, Mapping) else None,
             quantization=Quantization.of(quant) if isinstance(quant, Mapping) else None,
-            loss=str(params.loss or "default"),
-            max_grad_norm=None if params.max_grad_norm is None else float(params.max_grad_norm),
+            loss=params.loss,
+            max_grad_norm=params.max_grad_norm,
             config_json=params.config_json,
         )
 
