@@ -231,7 +231,7 @@ def test_real_predictions_bound_hostile_specs_and_answer_encoder_decoders(
             assert field in refused.json()["error"]["details"][0]["field"]
         deep = http.post("/v1/experiments", json=model_spec(1, n_layer=1_000_000))
         assert deep.status_code == 422, deep.text
-        assert "predicted to peak" in deep.text
+        assert "the step peaks at" in deep.text
         # The child runs at a lower CPU priority than the API (this process).
         me = psutil.Process()
         [child] = [
