@@ -31,6 +31,8 @@ from app.experiments import predictor as predictor_service
 from app.figures import endpoints as results
 from app.fits import endpoints as fits
 from app.fits import engine as fit_engine
+from app.gpus import endpoints as gpus
+from app.plans import endpoints as plans
 from app.presets import endpoints as presets
 from app.queue import endpoints as worker_protocol
 from app.queue import local_worker, reaper
@@ -165,7 +167,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
     for module in (experiments, traces, catalog, workers, worker_protocol, health):
         app.include_router(module.router)
-    for module in (results, sweeps, fits, compare, snapshots, ui):
+    for module in (results, sweeps, fits, plans, gpus, compare, snapshots, ui):
         app.include_router(module.router)
     app.include_router(presets.router)
     app.include_router(signin.router)

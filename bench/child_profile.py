@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 import workers.child  # noqa: E402, F401  (what the forkserver preloads)
 from app.catalog import plan_spec  # noqa: E402
+from vramlab.runspec import RunSpec  # noqa: E402
 from workers.device import prepare  # noqa: E402
 from workers.experiment import Stages, run_experiment  # noqa: E402
 
@@ -64,7 +65,8 @@ def one_child(spec: dict[str, object], out: Path) -> None:
     profile.enable()
     prepared = prepare(torch.device(str(spec["device"])))
     stages.mark("init_device")
-    payload = run_experiment(spec, out.with_suffix(".gz"), time.time_ns(), prepared, stages)
+    run = RunSpec.from_wire(spec)
+    payload = run_experiment(run, out.with_suffix(".gz"), time.time_ns(), prepared, stages)
     profile.disable()
     assert payload["status"] == "succeeded", payload["error"]
     profile.dump_stats(str(out))
@@ -87,7 +89,7 @@ def through_runner(spec: dict[str, object], n: int) -> None:
         for _ in range(n + 1):  # the first is not counted (shared: it starts the process)
             time.sleep(0.5)  # as between a user's experiments: the spare is ready
             started = time.perf_counter()
-            outcome = runner.run(run_spec)
+            outcome = runner.run(RunSpec.from_wire(run_spec))
             walls.append(time.perf_counter() - started)
             assert outcome.status == "succeeded", outcome.error
             if outcome.trace_path is not None:

@@ -42,9 +42,10 @@ def main(params: dict[str, Any]) -> dict[str, Any]:
     device = torch.device("cuda:0")
     with torch.device(device):
         model = auto.from_config(config, dtype=dtype or torch.float32, attn_implementation="sdpa")
-    for module in model.modules():
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
+    if params.get("dropout") is not None:  # as the spec's knob; else the config's own
+        for module in model.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = float(params["dropout"])
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     batch, seq = params.get("batch_size", 1), params.get("seq_len", 128)

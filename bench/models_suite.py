@@ -101,6 +101,7 @@ REFERENCE = {0, 7}  # cases also run in plain PyTorch (default AdamW, no knobs)
 
 
 def measure(params: dict[str, Any]) -> dict[str, Any]:
+    from vramlab.runspec import RunSpec
     from workers.experiment import run_experiment
 
     spec = {
@@ -112,7 +113,7 @@ def measure(params: dict[str, Any]) -> dict[str, Any]:
         "trace": "events",
     }
     started = time.perf_counter()
-    out = run_experiment(spec, None, time.time_ns())
+    out = run_experiment(RunSpec.from_wire(spec), None, time.time_ns())
     result = out["result"] or {}
     return {
         "status": out["status"],

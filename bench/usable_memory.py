@@ -8,7 +8,10 @@ process. On a CUDA host:
 
     python -m bench.usable_memory [--out DIR]
 
-Prints one JSON object (also written to DIR/usable_memory.json) and a table.
+Prints one JSON object (also written to DIR/usable_memory.json) and a table. With
+``--card NAME`` (a card of app/gpus/cards.json, e.g. "H100 SXM 80GB" or "H200 141GB") it
+also writes the card's measured total and usable bytes into that catalog (its
+``usable_source`` becomes ``measured``), the figures GET /v1/gpus and plans then use.
 """
 
 from __future__ import annotations
@@ -107,6 +110,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", ".")))
     parser.add_argument("--probe", choices=["largest", "filled", "cublas"], help=argparse.SUPPRESS)
+    parser.add_argument("--card", help="write the figures into app/gpus/cards.json's card")
     args = parser.parse_args()
     if args.probe:
         print(json.dumps(probe(args.probe)))
@@ -139,6 +143,8 @@ def main() -> None:
     print(f"{figures['gpu']}, torch {figures['torch']}")
     print("| figure | bytes | GiB | of total |")
     print("| --- | --- | --- | --- |")
+    if args.card:
+        print(_write_card(args.card, figures))
     for name in (
         "total",
         "free_after_init",
@@ -154,6 +160,28 @@ def main() -> None:
     ):
         value = figures[name]
         print(f"| {name} | {value} | {value / GiB:.3f} | {value / total:.2%} |")
+
+
+def _write_card(name: str, figures: dict[str, Any]) -> str:
+    """Put the measured total and usable bytes into the GPU catalog's card ``name``."""
+    path = Path(__file__).resolve().parents[1] / "app" / "gpus" / "cards.json"
+    data = json.loads(path.read_text())
+    card = next((c for c in data["cards"] if c["name"] == name), None)
+    if card is None:
+        names = ", ".join(c["name"] for c in data["cards"])
+        raise SystemExit(f"no card {name!r} in {path}; there are: {names}")
+    card["total_bytes"] = figures["total"]
+    card["usable_bytes"] = figures["usable_for_training_filled"]  # bench/fit_edge's card
+    card["usable_source"] = "measured"
+    card["source"] = (
+        f"measured with python -m bench.usable_memory on {figures['gpu']}, torch "
+        f"{figures['torch']}: total, and usable_for_training_filled (what the caching "
+        "allocator reserved in all, segment after segment, once the CUDA context and both "
+        "cuBLAS handles were up)"
+    )
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    usable = figures["usable_for_training_filled"]
+    return f"{path}: {name} total {figures['total']}, usable {usable}"
 
 
 if __name__ == "__main__":

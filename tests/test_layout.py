@@ -3,6 +3,7 @@ tables, no module imports one of a layer above its own, the worker stands apart 
 the server, and the client imports nothing of either."""
 
 import ast
+import itertools
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
@@ -224,3 +225,51 @@ def test_the_run_spec_is_typed_all_the_way_down() -> None:
     ]
     assert loose == []
     assert _loose(dict[str, Any]) and not _loose(runspec.OpParams)
+
+
+def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Which of app's packages import which, leaving out those built to read every domain:
+    the HTTP shell (app.api, app.main, app.cli) and the pages (app.ui)."""
+    apart = ("app.api", "app.main", "app.cli", "app.ui")
+    packages: dict[str, set[str]] = defaultdict(set)
+    for a, targets in graph.items():
+        if not a.startswith("app.") or a.startswith(apart):
+            continue
+        pa = ".".join(a.split(".")[:2])
+        found = {".".join(b.split(".")[:2]) for b in targets if not b.startswith(apart)}
+        packages[pa] |= found - {pa}
+    return packages
+
+
+def test_no_two_packages_import_each_other() -> None:
+    """Package by package (app.experiments, app.queue, ...), the import graph has no
+    circle either: the queue builds the run spec it hands out from its row, not from the
+    experiments' views."""
+    assert _cycles(_package_graph(_graph())) == []
+    made_up = {
+        "app.queue.endpoints": {"app.experiments.views"},
+        "app.experiments.service": {"app.queue.service"},
+    }
+    assert _cycles(_package_graph(made_up)) == [["app.experiments", "app.queue"]]
+
+
+def _started_modules(source: str) -> set[str]:
+    """The modules a source starts as processes (``[..., "-m", "workers.cli", ...]``)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.List):
+            items = [e.value if isinstance(e, ast.Constant) else None for e in node.elts]
+            found |= {str(b) for a, b in itertools.pairwise(items) if a == "-m" and b}
+    return found
+
+
+def test_the_worker_modules_the_server_starts_are_the_known_two() -> None:
+    """The server never imports workers/, but it starts two of its modules as processes:
+    the model predictor beside the API (which needs torch and transformers, and says so
+    when they are missing) and the local worker of ``vramlab up``. The import graph cannot
+    see a process; this test does, so a third one is a decision, not an accident."""
+    started = set()
+    for path in (ROOT / "app").rglob("*.py"):
+        started |= {m for m in _started_modules(path.read_text()) if m.startswith("workers")}
+    assert started == {"workers.models.predict", "workers.cli"}
+    assert _started_modules('cmd = [sys.executable, "-m", "workers.x", "--a"]\n') == {"workers.x"}

@@ -12,11 +12,15 @@ import contextlib
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerProcess, SpawnProcess
 
 EXIT_GRACE_S = 10.0  # after a result, how long a child may take to exit before a kill
+# When the worker stops, how long its idle children (running nothing) may take to exit,
+# all together, before they are killed: a busy host must not hold an exit for seconds.
+IDLE_EXIT_GRACE_S = 0.5
 # After a result, how long a shared child may take to empty itself before it is retired.
 READY_TIMEOUT_S = 30.0
 
@@ -109,6 +113,23 @@ def reap(proc: ForkServerProcess | SpawnProcess) -> None:
         proc.join(EXIT_GRACE_S)
     with contextlib.suppress(ValueError):
         proc.close()
+
+
+def retire_idle(children: list[Child], grace_s: float = IDLE_EXIT_GRACE_S) -> None:
+    """Stop children that run nothing (spares, idle shared ones): EOF to all at once, a
+    shared ``grace_s`` to exit, then a kill for the rest. Bounded however loaded the host."""
+    for child in children:
+        child.conn.close()
+    deadline = time.monotonic() + grace_s
+    for child in children:
+        child.proc.join(max(0.0, deadline - time.monotonic()))
+    for child in children:
+        if child.proc.is_alive():
+            child.proc.kill()
+    for child in children:
+        child.proc.join(EXIT_GRACE_S)
+        with contextlib.suppress(ValueError):
+            child.proc.close()
 
 
 def reap_soon(proc: ForkServerProcess | SpawnProcess) -> None:

@@ -47,10 +47,12 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
     p.add_argument(
         "--concurrency",
         type=int,
-        default=1,
+        default=None,
         choices=range(1, 65),
         metavar="N",
-        help="experiments run at once on this host's device (default 1)",
+        help="experiments run at once on this host's device, any kind together (default: "
+        "by device, 4 on a GPU and up to 2 on the CPU, where only shared-isolation "
+        "experiments run together and any other runs alone)",
     )
     p.add_argument(
         "--spares",
@@ -58,7 +60,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
         default=None,
         choices=range(1, 65),
         metavar="K",
-        help="warm spare children kept ready per device (default: the concurrency)",
+        help="warm spare children kept ready per device (default: the concurrency given, else 1)",
     )
     p.add_argument(
         "--batch",
@@ -124,27 +126,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     runner = Runner(
         device=args.device, warm=not args.cold, concurrency=args.concurrency, spares=args.spares
     )
-    clients = [ApiClient(args.api, token=token) for _ in range(args.concurrency)]
-    name = args.name or socket.gethostname()
-    paced = args.pace_ms > 0 and args.batch > 1
-    turns = ClaimTurns(args.pace_ms / 1000) if paced else None
-    group = ReportGroup(args.pace_ms / 1000) if paced and args.concurrency > 1 else None
-    loops = [
-        WorkerLoop(
-            client,
-            runner,
-            name=name if args.concurrency == 1 else f"{name}/{i}",
-            max_experiments=args.max_experiments,
-            batch=args.batch,
-            turns=turns,
-            group=group,
-        )
-        for i, client in enumerate(clients)
-    ]
-    install_signal_handlers(loops)
+    clients: list[ApiClient] = []
+    loops: list[WorkerLoop] = []  # made once the host is probed (concurrency by device)
+    signalled = install_signal_handlers(loops)
     pulse = Pulse(args.alive_file)
-    for loop in loops:
-        loop.pulse = pulse
     try:
         # The runner's start and capabilities probe run before registering: a host without
         # what was asked for (a CUDA device) never takes work.
@@ -156,8 +141,29 @@ def cmd_worker(args: argparse.Namespace) -> int:
             log.error("vramlab worker cannot start: %s", exc)
             return EXIT_UNFIT
         pulse.done("start")
+        concurrency = runner.concurrency
+        clients += [ApiClient(args.api, token=token) for _ in range(concurrency)]
+        name = args.name or socket.gethostname()
+        paced = args.pace_ms > 0 and args.batch > 1
+        turns = ClaimTurns(args.pace_ms / 1000) if paced else None
+        group = ReportGroup(args.pace_ms / 1000) if paced and concurrency > 1 else None
+        loops += [
+            WorkerLoop(
+                client,
+                runner,
+                name=name if concurrency == 1 else f"{name}/{i}",
+                max_experiments=args.max_experiments,
+                batch=args.batch,
+                turns=turns,
+                group=group,
+                pulse=pulse,
+            )
+            for i, client in enumerate(clients)
+        ]
         for loop in loops:
             loop.capabilities = capabilities
+            if signalled.is_set():  # a signal during the start: stop before claiming
+                loop.stopping.set()
         try:
             run_all(loops)
         except Refused as exc:

@@ -17,20 +17,26 @@ from workers.loop import WorkerLoop
 log = logging.getLogger("vramlab.worker")
 
 
-def install_signal_handlers(loops: Sequence[WorkerLoop]) -> None:
+def install_signal_handlers(loops: Sequence[WorkerLoop]) -> threading.Event:
+    """Signals reach every loop in ``loops`` (which may be filled later: the event
+    returned says whether a first signal came meanwhile)."""
+    signalled = threading.Event()
+
     def handle(signum: int, _frame: object) -> None:
         name = signal.Signals(signum).name
-        if all(loop.stopping.is_set() for loop in loops):
+        if signalled.is_set() and all(loop.stopping.is_set() for loop in loops):
             log.warning("second %s: cancelling the running experiments", name)
             for loop in loops:
                 loop.aborting.set()
         else:
             log.info("%s: finishing the current experiments, then exiting", name)
+            signalled.set()
             for loop in loops:
                 loop.stopping.set()
 
     signal.signal(signal.SIGTERM, handle)
     signal.signal(signal.SIGINT, handle)
+    return signalled
 
 
 def run_all(loops: Sequence[WorkerLoop]) -> int:
@@ -41,12 +47,14 @@ def run_all(loops: Sequence[WorkerLoop]) -> int:
     loops[0].runner.start()
     loops[0].runner.capabilities()
     done = [0] * len(loops)
+    errors: list[Exception] = []
 
     def work(i: int) -> None:
         try:
             done[i] = loops[i].run()
-        except Exception:
-            log.exception("worker loop %d failed; stopping the others", i)
+        except Exception as exc:
+            errors.append(exc)
+            log.info("worker loop %d failed (%s); stopping the others", i, exc)
             for loop in loops:
                 loop.stopping.set()
 
@@ -59,4 +67,6 @@ def run_all(loops: Sequence[WorkerLoop]) -> int:
     for thread in threads:
         while thread.is_alive():
             thread.join(0.5)  # short waits: the main thread must stay free for signals
+    if errors:  # as one loop alone raises it (an API that refuses the worker: its exit code)
+        raise errors[0]
     return sum(done)

@@ -32,10 +32,10 @@ def child_entry(kind: str, conn: Connection, args: tuple[Any, ...]) -> None:
             from workers.child import main
 
             main(args[0], conn, args[1], args[2], None, args[3])
-        elif kind == "spare":  # a warm spare, or a new shared process
+        elif kind == "spare":  # a warm spare (a model's: args[1]), or a new shared process
             from workers.child import serve
 
-            serve(args[0], conn)
+            serve(args[0], conn, *args[1:])
         elif kind == "probe":
             from workers.probe import capabilities
 

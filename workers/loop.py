@@ -250,9 +250,12 @@ class WorkerLoop:
             lease.done.set()
             beat.join()
 
-    def _run(self, lease: Lease, claimed_spec: dict[str, Any]) -> dict[str, Any] | None:
+    def _run(
+        self, lease: Lease, claimed_spec: dict[str, Any], *, inline: bool = False
+    ) -> dict[str, Any] | None:
         """Run one claimed experiment and upload its trace: the report to send, or None
-        when there is none (the lease was lost, or an abort gave the experiment back)."""
+        when there is none (the lease was lost, or an abort gave the experiment back).
+        ``inline``: the report goes in a batch, which carries a small trace itself."""
         try:
             spec = RunSpec.from_wire(claimed_spec)
         except WireError as exc:  # an API of another release: say so, run nothing
@@ -287,7 +290,7 @@ class WorkerLoop:
             ):
                 self.reporter.release(lease.exp_id, lease.token)
                 return None
-            return self.reporter.upload(lease, outcome)
+            return self.reporter.upload(lease, outcome, inline=inline)
         except Refused as exc:  # the trace upload's refusals become a body; this is none
             log.error("%s: the API refused the outcome (%s)", lease.exp_id, exc)
             return refused("outcome", f"the API answered {exc}", self.limits)
@@ -325,7 +328,7 @@ class WorkerLoop:
                     lease.done.set()
                     continue
                 start = time.monotonic()
-                body = self._run(lease, one["spec"])
+                body = self._run(lease, one["spec"], inline=True)
                 ran += 1
                 if body is None:
                     lease.done.set()

@@ -27,6 +27,7 @@ import contextlib
 import json
 import logging
 import multiprocessing
+import os
 import tempfile
 import threading
 import time
@@ -45,9 +46,10 @@ from vramlab.catalog.devices import canonical_device
 from vramlab.contract import ChildStart, ErrorType, Isolation, Status
 from vramlab.runspec import RunSpec
 from workers import allocator
-from workers.children import Child, SharedPool, reap
+from workers.children import Child, SharedPool, reap, retire_idle
 from workers.endings import Outcome, failure, outcome_of, wait
 from workers.launch import preload, spawn
+from workers.sharing import DeviceGate
 
 PROBE_TIMEOUT_S = 120.0
 SHARED_RUNS = 500  # experiments a shared process serves before it retires
@@ -59,11 +61,37 @@ def _never() -> bool:
     return False
 
 
+def _devices(spec: RunSpec) -> tuple[str, ...]:
+    """Every device the spec's tensors live on: its own, another operand's, the plan's."""
+    # The catalog's plan names every device (other operands, pinned memory, steps).
+    return (spec.device, spec.source_device, *spec.planned_devices)
+
+
 def _needs_cuda(spec: RunSpec) -> bool:
     """Whether any tensor of the spec lives on a GPU, or needs one (pinned host memory)."""
-    # The catalog's plan names every device (other operands, pinned memory, steps).
-    devices = (spec.device, spec.source_device, *spec.planned_devices)
-    return spec.pin_memory or any(d.startswith("cuda") for d in devices)
+    return spec.pin_memory or any(d.startswith("cuda") for d in _devices(spec))
+
+
+# A device's warm model children are kept apart from its spares, under this suffix.
+_MODELS = "+models"
+
+
+def _models_pool(device: str) -> str:
+    return device + _MODELS
+
+
+# ``vramlab worker`` with no --concurrency: how many experiments a device runs at once
+# (shared-isolation ones together, any other alone: workers/sharing.py). A GPU overlaps
+# several tiny experiments' launches and host work; on the CPU, two suit a 2-core host
+# (one runs while the other's loop claims and reports) without crowding the API.
+DEFAULT_CONCURRENCY = {"cuda": 4, "cpu": 2}
+
+
+def concurrency_for(device_types: list[str], cpus: int | None = None) -> int:
+    """The default concurrency of a worker that offers ``device_types``."""
+    if "cuda" in device_types:
+        return DEFAULT_CONCURRENCY["cuda"]
+    return max(1, min(DEFAULT_CONCURRENCY["cpu"], cpus or os.cpu_count() or 1))
 
 
 class Runner:
@@ -84,19 +112,23 @@ class Runner:
         device: str = "auto",
         *,
         warm: bool = True,
-        concurrency: int = 1,
+        concurrency: int | None = 1,
         spares: int | None = None,
         shared_runs: int = SHARED_RUNS,
     ) -> None:
         if device not in ("auto", "cpu", "cuda"):
             raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', not {device!r}")
-        if concurrency < 1:
+        if concurrency is not None and concurrency < 1:
             raise ValueError(f"concurrency must be at least 1, not {concurrency}")
         if spares is not None and spares < 1:
             raise ValueError(f"spares must be at least 1, not {spares}")
         if shared_runs < 1:
             raise ValueError(f"shared_runs must be at least 1, not {shared_runs}")
-        self.spare_count = spares or concurrency
+        # None: chosen by device once the host is probed (``capabilities``), and then only
+        # shared-isolation experiments share a device (``DeviceGate``).
+        self.by_device = concurrency is None
+        concurrency = concurrency or 1
+        self.spare_count = spares or (1 if self.by_device else concurrency)
         self.shared_runs = shared_runs
         self.device = device
         self.warm = warm
@@ -106,8 +138,10 @@ class Runner:
         self._lock = threading.RLock()
         self._spares: dict[str, list[Child]] = {}
         self._shared = SharedPool(concurrency, shared_runs)
+        self._gate = DeviceGate()
         self._exiting: list[ForkServerProcess | SpawnProcess] = []
         self._filling: dict[str, threading.Thread] = {}  # the latest fill per device
+        self._starting: dict[str, int] = {}  # spares being started now, per device
         # Per device, one counter per running experiment: the most that ran at once.
         self._running: dict[str, list[list[int]]] = {}
 
@@ -151,6 +185,9 @@ class Runner:
                     f"device (torch {caps['torch']}, CUDA build {caps['cuda']})"
                 )
             self._capabilities = caps
+            if self.by_device:
+                self.concurrency = concurrency_for(caps["device_types"])
+                self._shared.size = self.concurrency
             if self.warm:
                 self._fill("cuda:0" if "cuda" in caps["device_types"] else "cpu")
             return caps
@@ -187,7 +224,7 @@ class Runner:
         if reuse and settings:
             # The API refuses this; a caller of the runner itself gets a clean process.
             reuse, spec = False, spec.replace(isolation=Isolation.CLEAN)
-        with self._sharing(device) as at_once:
+        with self._turn(spec, device, reuse), self._sharing(device) as at_once:
             # The spec crosses to the child as its wire form (JSON on the pipe).
             args = (spec.wire(), str(trace_path) if trace_path else None, time.time_ns())
             began = time.perf_counter()
@@ -201,7 +238,7 @@ class Runner:
         if reuse and ended == "finished":
             self._shared.give_back(device, child)
         if self.warm and device == "cpu":
-            self._fill_soon(device)
+            self._fill_soon(_models_pool(device) if spec.is_model else device)
         driver = (self._capabilities or {}).get("driver")
         outcome = outcome_of(payload, ended, code, trace_path, timeout, driver)
         outcome.pid = pid
@@ -221,17 +258,16 @@ class Runner:
         return outcome
 
     def close(self) -> None:
-        """Retire the spares and the idle shared children (a busy one retires when its
-        experiment ends). The forkserver exits by itself once no process holds its
-        "alive" pipe, that is when this process exits; the stdlib offers no public way to
-        stop it sooner."""
+        """Retire the spares and the idle shared children at once (they run nothing: EOF,
+        a short grace, then a kill), and the spares still starting as they finish; a
+        busy one retires when its experiment ends. The forkserver exits by itself once no
+        process holds its "alive" pipe, that is when this process exits; the stdlib
+        offers no public way to stop it sooner."""
         with self._lock:
             idle = [c for pool in self._spares.values() for c in pool]
             self._spares.clear()
             self._ctx = None
-        for child in [*idle, *self._shared.close()]:
-            child.conn.close()  # EOF: the child exits without running anything more
-            self._exiting.append(child.proc)
+        retire_idle([*idle, *self._shared.close()])
         self._settle()
 
     def spares(self, device: str) -> list[ForkServerProcess | SpawnProcess]:
@@ -253,7 +289,17 @@ class Runner:
             # A forked child cannot change the allocator backend torch loaded with.
             child = self._spawn("experiment", (*args, handed_at), fresh=True)
             return child, "fresh_interpreter"
-        spare = self._take_spare(device) if self.warm and allocator.warm_safe(settings) else None
+        warm = self.warm and allocator.warm_safe(settings)
+        model = args[0].get("op") == "model"
+        spare = None
+        if warm and model:
+            spare = self._take_spare(_models_pool(device))
+            if device != "cpu":
+                # The next trial's warm child imports transformers while this one runs; on
+                # the CPU it starts after the result instead (as a CPU spare does).
+                self._fill_soon(_models_pool(device))
+        if warm and spare is None:
+            spare = self._take_spare(device)
         if spare is not None:
             try:
                 spare.conn.send_bytes(json.dumps([*args, handed_at]).encode())
@@ -308,17 +354,36 @@ class Runner:
                 self._discard(child)
         return None
 
-    def _fill(self, device: str) -> None:
-        with self._lock:
-            if self._ctx is None:
-                return
-            pool = self._spares.setdefault(device, [])
-            while len(pool) < self.spare_count:
-                try:
-                    pool.append(self._spawn("spare", (device,)))
-                except RuntimeError as exc:  # the experiments still run, on the cold path
-                    log.warning("could not start a spare child for %s: %s", device, exc)
+    def _fill(self, pool_key: str) -> None:
+        """Start spares for ``pool_key`` (a device, or a device's model children) until it
+        has ``spare_count``. The lock is not held
+        while one starts (seconds on a loaded host), so that ``close`` never waits for it:
+        a spare that comes up after ``close`` is retired at once."""
+        while True:
+            with self._lock:
+                ctx = self._ctx
+                if ctx is None:
                     return
+                pool = self._spares.setdefault(pool_key, [])
+                if len(pool) + self._starting.get(pool_key, 0) >= self.spare_count:
+                    return
+                self._starting[pool_key] = self._starting.get(pool_key, 0) + 1
+            device = pool_key.removesuffix(_MODELS)
+            args = (device, True) if pool_key != device else (device,)
+            try:
+                child = spawn(ctx, "spare", args)
+            except RuntimeError as exc:  # the experiments still run, on the cold path
+                log.warning("could not start a spare child for %s: %s", pool_key, exc)
+                return
+            finally:
+                with self._lock:
+                    self._starting[pool_key] -= 1
+            with self._lock:
+                if self._ctx is not None:
+                    self._spares.setdefault(pool_key, []).append(child)
+                    continue
+            retire_idle([child])  # closed meanwhile
+            return
 
     def _discard(self, child: Child) -> None:
         child.discard()
@@ -329,6 +394,19 @@ class Runner:
             exiting, self._exiting = self._exiting, []
         for proc in exiting:
             reap(proc)
+
+    def _turn(
+        self, spec: RunSpec, device: str, reuse: bool
+    ) -> contextlib.AbstractContextManager[None]:
+        """With concurrency by device, a shared-isolation spec shares its device; any
+        other waits until its devices are free and keeps them to itself."""
+        if not self.by_device:
+            return contextlib.nullcontext()
+        # A model (a fit's trials are models too) keeps its GPU, whatever its isolation.
+        if reuse and not spec.is_model:
+            return self._gate.shared(device)
+        devices = {device, *(canonical_device(d) for d in _devices(spec) if d.startswith("cuda"))}
+        return self._gate.alone(devices)
 
     @contextlib.contextmanager
     def _sharing(self, device: str) -> Iterator[list[int]]:

@@ -4,9 +4,10 @@ Checks Content-Length when it is given and counts the bytes of a streamed body w
 is not. Trace chunks from workers and snapshot uploads have their own, larger limits.
 """
 
-import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from app.core.error_body import send_error
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -73,17 +74,4 @@ class BodyLimit:
 
     @staticmethod
     async def _reject(send: Send, limit: int) -> None:
-        body = json.dumps(
-            {"error": {"type": "payload_too_large", "message": f"request body over {limit} bytes"}}
-        ).encode()
-        await send(
-            {
-                "type": "http.response.start",
-                "status": 413,
-                "headers": [
-                    (b"content-type", b"application/json"),
-                    (b"content-length", str(len(body)).encode()),
-                ],
-            }
-        )
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, 413, "payload_too_large", f"request body over {limit} bytes")

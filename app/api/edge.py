@@ -15,10 +15,11 @@ Inline ``style`` attributes stay allowed: styles cannot run code. Stylesheets an
 may come from this site (Swagger UI's), nothing from elsewhere.
 """
 
-import json
 import secrets
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+
+from app.core.error_body import send_error
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -93,23 +94,4 @@ class Edge:
 
 async def _refuse_nul(send: Send) -> None:
     message = "the URL holds a NUL (%00); no path or query parameter may contain one"
-    body = json.dumps(
-        {
-            "error": {
-                "type": "validation_error",
-                "message": message,
-                "details": [{"field": "url", "message": message}],
-            }
-        }
-    ).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 422,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    await send_error(send, 422, "validation_error", message, [{"field": "url", "message": message}])

@@ -16,6 +16,11 @@ TAGS: list[dict[str, Any]] = [
         "description": "The largest batch size or sequence length that fits a capacity: "
         "predicted, then measured by trials.",
     },
+    {
+        "name": "plans",
+        "description": "Will it fit: a model's step predicted for GPUs, nothing run.",
+    },
+    {"name": "gpus", "description": "The GPU catalog: usable memory and what changes bytes."},
     {"name": "compare", "description": "Experiments side by side."},
     {"name": "presets", "description": "Ready-made experiments from the articles."},
     {"name": "catalog", "description": "Ops, their parameters, dtypes and devices."},
@@ -50,6 +55,8 @@ OPERATION_IDS = {
     ("GET", "/v1/fits/{fit_id}"): "get_fit",
     ("POST", "/v1/fits/{fit_id}/cancel"): "cancel_fit",
     ("GET", "/v1/fits/{fit_id}/plot"): "get_fit_plot",
+    ("POST", "/v1/plans"): "create_plan",
+    ("GET", "/v1/gpus"): "list_gpus",
     ("GET", "/v1/compare"): "compare_experiments",
     ("GET", "/v1/compare/timeline"): "get_compare_timeline",
     ("GET", "/v1/presets"): "list_presets",

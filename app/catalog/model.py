@@ -115,7 +115,13 @@ class Param:
             if not isinstance(value, str) or not value or len(value) > MAX_TEXT:
                 raise CatalogError(field, f"must be a string of 1 to {MAX_TEXT} characters")
             return value
+        if self.kind == "document":  # a whole config.json: its own bounded checks
+            from app.catalog.finetune import check_document
+
+            return check_document(value, field)
         if self.kind == "mapping":
+            if isinstance(value, str) and value in self.choices:  # a named shorthand
+                return value
             if not isinstance(value, dict):
                 raise CatalogError(field, "must be an object of names to values")
             if len(value) > MAX_MAPPING_KEYS:
@@ -252,6 +258,8 @@ class OpEntry:
     devices: tuple[str, ...] = ("cpu", "cuda")
     min_dims: int = 0
     tags: tuple[str, ...] = field(default=())
+    # Turns the checked params into the knobs the worker reads (a vocabulary, shorthands).
+    normalize: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
     def check_params(self, params: Mapping[str, Any]) -> dict[str, Any]:
         known = {p.name: p for p in self.params}
@@ -262,7 +270,8 @@ class OpEntry:
                 f"params.{unknown[0]}",
                 f"unknown parameter for op {self.name!r}; allowed: {allowed}",
             )
-        return {name: p.check(params.get(name), f"params.{name}") for name, p in known.items()}
+        checked = {name: p.check(params.get(name), f"params.{name}") for name, p in known.items()}
+        return self.normalize(checked) if self.normalize is not None else checked
 
     def plan(
         self, shape: tuple[int, ...], params: Mapping[str, Any], dtype: str, device: str

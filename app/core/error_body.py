@@ -1,8 +1,10 @@
 """The one error shape every failing response has."""
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, Field
+from starlette.types import Send
 
 
 class FieldProblem(BaseModel):
@@ -24,3 +26,25 @@ class ErrorBody(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorBody
+
+
+async def send_error(
+    send: Send, status: int, type: str, message: str, details: list[dict[str, str]] | None = None
+) -> None:
+    """Answer with the one error shape from ASGI middleware, below FastAPI's handlers (a
+    body too large, a URL holding a NUL)."""
+    error: dict[str, Any] = {"type": type, "message": message}
+    if details is not None:
+        error["details"] = details
+    body = json.dumps({"error": error}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

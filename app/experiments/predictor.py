@@ -77,8 +77,10 @@ class ModelPrediction:
 
 
 def installed() -> bool:
-    """Whether torch and transformers are importable here (without importing them)."""
-    return all(importlib.util.find_spec(name) is not None for name in ("torch", "transformers"))
+    """Whether the predictor's child can start here: the worker's package, torch and
+    transformers importable (checked without importing them)."""
+    needed = ("workers", "torch", "transformers")
+    return all(importlib.util.find_spec(name) is not None for name in needed)
 
 
 @dataclass
@@ -112,6 +114,9 @@ class Predictor:
         self._cache: OrderedDict[str, tuple[ModelPrediction | CatalogError, float]] = OrderedDict()
         self._threads: list[threading.Thread] = []
         self._closed = False
+        # When a lane was first ready: a spec's wait counts from then at the earliest (the
+        # pool's first start, importing torch, is no queue; on a busy machine it is long).
+        self._ready_at: float | None = None
         self._next = 0
 
     # The interface.
@@ -222,13 +227,18 @@ class Predictor:
             except Unavailable as exc:
                 log.warning("%s", exc)
                 time.sleep(1)
+            else:
+                with self._cond:
+                    if self._ready_at is None:
+                        self._ready_at = time.monotonic()
             job = self._take()
             if job is None:
                 break
             if all(w.cancelled() for w in job.waiters):
                 self._settle(job, None)
                 continue
-            if time.monotonic() > job.deadline:
+            ready_at = self._ready_at if self._ready_at is not None else time.monotonic()
+            if time.monotonic() > max(job.deadline, ready_at + self.wait_s):
                 self._settle(job, Busy("the model predictor is busy", retry_after=2))
                 continue
             try:

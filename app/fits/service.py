@@ -15,6 +15,7 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, and_, or_, select, update
 from sqlalchemy.orm import Session
 
+from app.catalog.finetune import PAGED_OPTIMIZERS
 from app.core import cursors, ids
 from app.core.config import Settings
 from app.core.errors import Conflict, InvalidSpec
@@ -48,6 +49,16 @@ def gpu_capacity(session: Session, gpu_name: str) -> int | None:
     return min(sizes) if sizes else None
 
 
+def plan_command(raw: dict[str, Any], gpu: str) -> str:
+    """The ``vramlab plan`` command that answers a fit's question for ``gpu`` now."""
+    params = raw.get("params") or {}
+    words = ["vramlab plan", str(params.get("model"))]
+    for flag, key in (("--batch", "batch_size"), ("--seq", "seq_len"), ("--task", "task")):
+        if params.get(key) is not None:
+            words.append(f"{flag} {params[key]}")
+    return " ".join([*words, f'--gpu "{gpu}"'])
+
+
 def plan(body: FitIn, session: Session, settings: Settings, default_device: str) -> Fit:
     """The fit as it will be stored, every input checked; nothing is written."""
     raw = dict(body.spec)
@@ -55,13 +66,22 @@ def plan(body: FitIn, session: Session, settings: Settings, default_device: str)
         raise InvalidSpec("spec.op", 'a fit searches a model experiment: op must be "model"')
     raw.setdefault("device", None)
     if raw["device"] is None:
-        raw["device"] = default_device
+        # A GPU named and no device: the fit is for that GPU, whatever workers are live.
+        raw["device"] = "cuda" if body.requirements.gpu_name is not None else default_device
     params = raw.get("params")
     if not isinstance(params, dict):
         raise InvalidSpec("spec.params", "give the model's params (model, task, ...)")
     if "capacity_bytes" in params:
         raise InvalidSpec(
             "spec.params.capacity_bytes", "give the capacity as the fit's capacity_bytes"
+        )
+    if params.get("optimizer") in PAGED_OPTIMIZERS or "paged" in str(
+        (params.get("trainer") or {}).get("optim", "")
+    ):
+        raise InvalidSpec(
+            "spec.params.optimizer",
+            "a paged optimizer keeps its state in managed memory, which the allocator's "
+            "counters do not see and a capacity cannot bound: fit searches refuse it",
         )
     gpu = body.requirements.gpu_name
     on_cpu = str(raw["device"]).startswith("cpu")
@@ -92,8 +112,9 @@ def plan(body: FitIn, session: Session, settings: Settings, default_device: str)
         if found is None:
             raise InvalidSpec(
                 "requirements.gpu_name",
-                f"no registered worker has a GPU whose name contains {gpu!r}; "
-                "give capacity_bytes instead",
+                f"no registered worker has a GPU whose name contains {gpu!r}: a fit measures "
+                f"on one. A plan predicts it now, with no worker: {plan_command(raw, gpu)} "
+                "(POST /v1/plans); or give capacity_bytes to measure on an emulated card",
             )
         capacity, source = found, f"gpu {gpu}"
     upper = min(

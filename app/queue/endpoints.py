@@ -321,9 +321,20 @@ def result(
     dependencies=WORKER,
 )
 def report_batch(
-    req: ReportBatchRequest, s: SessionDep, now: NowDep, who: PrincipalDep, request: Request
+    req: ReportBatchRequest,
+    s: SessionDep,
+    now: NowDep,
+    who: PrincipalDep,
+    request: Request,
+    settings: SettingsDep,
 ) -> ReportBatchResponse:
-    verdicts = queue.finish_many(s, req.results, who, now)
+    # Traces sent with their outcomes are checked before the outcomes' rows are locked.
+    inline = {
+        item.experiment_id: traces.check_inline(item.trace_gz, settings)
+        for item in req.results
+        if item.trace_gz is not None
+    }
+    verdicts = queue.finish_many(s, req.results, who, now, inline)
     request.app.state.batch_calls.count("report", len(req.results))
     return ReportBatchResponse(
         results=[

@@ -1,8 +1,10 @@
 """Housekeeping that no request waits for: expired leases are settled by the API itself.
 
-A task in the app's lifespan looks every ``lease_check_seconds`` (its own session, its
-own transaction), so an experiment whose worker died shows ``queued`` again (or
-``lost``) within about a lease period even when no worker is polling. It is the only
+A task in the app's lifespan (its own session, its own transaction) wakes when the
+earliest lease it knows of expires, and at least every ``lease_check_seconds`` (or every
+``lease_seconds``, if shorter: a lease claimed meanwhile expires no sooner), so an
+experiment whose worker died shows ``queued`` again (or ``lost``) moments after its lease
+expired, even when no worker is polling and however busy the host. It is the only
 code that settles expired leases: a claim never does (claims that each settled them in
 one bulk UPDATE deadlocked on each other on PostgreSQL). A claim that finds nothing to
 take nudges it instead, so the next round starts at once, and a round that requeued work
@@ -17,14 +19,22 @@ import logging
 from collections.abc import Callable
 from datetime import datetime
 
+from sqlalchemy import func, select
 from starlette.concurrency import run_in_threadpool
 
 from app.core.config import Settings
 from app.core.db import Database
 from app.core.signals import WorkSignal
 from app.queue import service as queue
+from app.tables import Experiment
+from vramlab.contract import Status
 
 log = logging.getLogger("vramlab.reaper")
+# A round starts this long after the earliest lease's expiry (expiry is "before now").
+EXPIRY_MARGIN_S = 0.02
+# The shortest wait between rounds: a lease that stays expired (its row held by another
+# transaction) is looked at again this often, not in a busy loop.
+MIN_WAIT_S = 0.1
 
 
 def settle(db: Database, settings: Settings, now: datetime) -> int:
@@ -37,6 +47,32 @@ def settle(db: Database, settings: Settings, now: datetime) -> int:
         settled += n
         if n < queue.EXPIRE_SLICE:
             return settled
+
+
+def earliest_expiry(db: Database) -> datetime | None:
+    """When the first running experiment's lease expires (None: none is running)."""
+    with db.session(write=False) as s:
+        stmt = select(func.min(Experiment.lease_expires_at)).where(
+            Experiment.status == Status.RUNNING
+        )
+        earliest: datetime | None = s.scalar(stmt)
+        return earliest
+
+
+def next_wait(settings: Settings, now: datetime, earliest: datetime | None) -> float:
+    """Seconds until the next round: the earliest expiry (and a margin), within the
+    usual period; a lease claimed while this waits expires no sooner than lease_seconds."""
+    longest = min(settings.lease_check_seconds, settings.lease_seconds)
+    if earliest is None:
+        return longest
+    until = (earliest - now).total_seconds() + EXPIRY_MARGIN_S
+    return max(MIN_WAIT_S, min(longest, until))
+
+
+def round_(db: Database, settings: Settings, clock: Callable[[], datetime]) -> tuple[int, float]:
+    """Settle what expired; how many, and how long until the next round."""
+    settled = settle(db, settings, clock())
+    return settled, next_wait(settings, clock(), earliest_expiry(db))
 
 
 class Nudge:
@@ -64,12 +100,14 @@ async def run(
     nudge: Nudge | None = None,
 ) -> None:
     nudge = nudge or Nudge()
+    wait_s = min(settings.lease_check_seconds, settings.lease_seconds)
     while True:
-        await nudge.wait(settings.lease_check_seconds)
+        await nudge.wait(wait_s)
         try:
-            settled = await run_in_threadpool(settle, db, settings, clock())
+            settled, wait_s = await run_in_threadpool(round_, db, settings, clock)
         except Exception as exc:  # the database may be away for a while: keep going
             log.warning("settling expired leases failed: %s", exc)
+            wait_s = settings.lease_check_seconds
             continue
         if settled:
             log.info("settled %d expired lease(s)", settled)

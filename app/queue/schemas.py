@@ -169,9 +169,18 @@ class OutcomeRequest(RequestBody, LeasedOutcome):
 
 class ReportItem(LeasedOutcome):
     """One outcome of a batch report: the experiment, its lease, the outcome (checked
-    whole with the report)."""
+    whole with the report), and a small trace with it where the worker has one."""
 
     experiment_id: str = Field(max_length=64, pattern=contract.EXPERIMENT_ID_PATTERN)
+    trace_gz: str | None = Field(
+        default=None,
+        max_length=contract.MAX_INLINE_TRACE_CHARS,
+        description=(
+            "the whole trace as one gzip-compressed NDJSON chunk, base64: stored with the "
+            "outcome (as chunk 0) in place of an upload, so that a small trace costs no "
+            "call of its own; ``trace_events`` counts its events"
+        ),
+    )
 
 
 class ReportBatchRequest(RequestBody):

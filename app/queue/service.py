@@ -23,7 +23,7 @@ workers is not retaken first every time.
 """
 
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, cast
@@ -37,6 +37,7 @@ from app.core.errors import ApiError, LeaseLost
 from app.queue import workers
 from app.queue.schemas import LeasedOutcome, ReportItem
 from app.tables import Experiment, Result, TraceChunk, Worker
+from app.traces.service import InlineTrace
 from vramlab.contract import ErrorType, ReportVerdict, Status
 
 # Expired leases settled in one statement at most (a round settles them all, in slices).
@@ -310,7 +311,11 @@ class Verdict:
 
 
 def finish_many(
-    session: Session, items: Sequence[ReportItem], who: Principal, now: datetime
+    session: Session,
+    items: Sequence[ReportItem],
+    who: Principal,
+    now: datetime,
+    inline: Mapping[str, InlineTrace | str] | None = None,
 ) -> list[Verdict]:
     """Store a batch of outcomes, each on its own: one whose lease was lost, or that
     another token's worker claimed, or that does not hold up is refused and changes
@@ -321,7 +326,12 @@ def finish_many(
     (status, lease, the claimer's token, the trace events stored), then the stored ones
     are written together and the workers' rows touched last, the order of every other
     call on claimed experiments. The rows are held from the read to the commit, so what
-    was decided still holds when it is written."""
+    was decided still holds when it is written.
+
+    ``inline``: the traces sent inside outcomes (``trace_gz``), checked (or why not), by
+    experiment: each is stored as the experiment's chunk 0 with its outcome, and counts
+    as its uploaded events; one sent after chunks were uploaded is refused."""
+    inline = inline or {}
     ids = sorted({item.experiment_id for item in items})
     stmt = (
         select(
@@ -339,7 +349,9 @@ def finish_many(
     if session.get_bind().dialect.name == "postgresql":
         stmt = stmt.with_for_update(of=Experiment)
     rows = {row.id: row for row in session.execute(stmt)}
-    traced = sorted({item.experiment_id for item in items if item.trace_events})
+    traced = sorted(
+        {item.experiment_id for item in items if item.trace_events or item.trace_gz is not None}
+    )
     events: dict[str, int] = {}
     if traced:
         counted = (
@@ -373,13 +385,34 @@ def finish_many(
             lost = _lease_lost_message(exp_id, status)
             verdicts.append(Verdict(exp_id, ReportVerdict.LEASE_LOST, error=lost))
             continue
-        if item.trace_events and events.get(exp_id, 0) != item.trace_events:
-            error = f"{ApiError.type}: {_trace_mismatch(item, events.get(exp_id, 0))}"
+        sent = inline.get(exp_id) if item.trace_gz is not None else None
+        if isinstance(sent, str) or (sent is not None and events.get(exp_id, 0)):
+            why = sent if isinstance(sent, str) else "trace_gz: chunks were uploaded already"
+            verdicts.append(Verdict(exp_id, ReportVerdict.REFUSED, error=f"{ApiError.type}: {why}"))
+            continue
+        uploaded = sent.checked.n_events if sent is not None else events.get(exp_id, 0)
+        if item.trace_events and uploaded != item.trace_events:
+            error = f"{ApiError.type}: {_trace_mismatch(item, uploaded)}"
             verdicts.append(Verdict(exp_id, ReportVerdict.REFUSED, error=error))
             continue
         taken[exp_id] = item.status
         stored.append((item, row))
         verdicts.append(Verdict(exp_id, ReportVerdict.STORED, status=item.status))
+    chunks = [
+        {
+            "experiment_id": item.experiment_id,
+            "seq": 0,
+            "first_event": 0,
+            "n_events": sent.checked.n_events,
+            "data": sent.body,
+            "event_columns": sent.checked.columns,
+        }
+        for item, _row in stored
+        if isinstance(sent := inline.get(item.experiment_id), InlineTrace)
+        and item.trace_gz is not None
+    ]
+    if chunks:
+        session.execute(insert(TraceChunk), chunks)
     if stored:
         _store_outcomes(session, stored, now)
     for worker_id in sorted({row.worker_id for _, row in stored if row.worker_id is not None}):

@@ -10,7 +10,7 @@ Who may upload at once, and the import slot: ``admission``.
 """
 
 from collections.abc import AsyncIterator, Generator
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
@@ -34,7 +34,7 @@ from app.tables import Experiment
 from app.traces import endpoints as trace_routes
 from app.traces import memory_viz
 from app.traces import service as traces
-from vramlab.contract import TRACE_ACTIONS, Figure, TraceAction
+from vramlab.contract import Figure
 
 router = APIRouter(prefix="/v1/snapshots", tags=["snapshots"], responses=ERROR_RESPONSES)
 DbDep = Annotated[Database, Depends(get_db)]
@@ -240,28 +240,16 @@ def peak(exp: SnapshotDep, top: Annotated[int, Query(ge=1, le=20)] = 20) -> Peak
     },
     dependencies=[require("read")],
 )
-def trace(
-    exp: SnapshotDep,
-    s: SessionDep,
-    db: DbDep,
-    format: Literal["json", "ndjson", "memory_viz", "chrome"] = "json",
-    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-    action: Annotated[
-        list[TraceAction] | None,
-        Query(max_length=len(TRACE_ACTIONS), description="events of these actions only"),
-    ] = None,
-    min_size: Annotated[int, Query(ge=0, le=2**62)] = 0,
-) -> Any:
+def trace(exp: SnapshotDep, s: SessionDep, db: DbDep, q: trace_routes.TraceQueryDep) -> Any:
     """``memory_viz`` gives back the snapshot's own segments with its trace, so PyTorch's
     viewer shows what it showed before import."""
-    if format == "memory_viz":
+    if q.format == "memory_viz":
         return StreamingResponse(
             traces.ahead(_memory_viz(db, exp.id, exp.device)),  # made while sent
             media_type="application/octet-stream",
             headers={"Content-Disposition": f'attachment; filename="{exp.id}.pickle"'},
         )
-    return trace_routes.trace(exp, s, db, format, offset, limit, action, min_size)
+    return trace_routes.trace(exp, s, db, q)
 
 
 def _memory_viz(db: Database, snapshot_id: str, device: str) -> Generator[bytes, None, None]:

@@ -48,4 +48,21 @@ class SweepOut(BaseModel):
     n_points: int
     progress: dict[str, int] = Field(description="experiments by status")
     done: bool
-    rows: list[SweepRow]
+    rows: list[SweepRow] = Field(description="the points from ``offset``, at most ``limit``")
+    next_offset: int | None = Field(
+        default=None, description="where the next page of rows starts; null after the last"
+    )
+
+
+class SweepProgress(BaseModel):
+    """How far a sweep has got: one row's read, whatever the sweep's size."""
+
+    id: str
+    n_points: int
+    progress: dict[str, int] = Field(description="experiments by status")
+    finished: int = Field(description="points that succeeded, failed or were cancelled")
+    done: bool
+    version: str = Field(
+        description="changes whenever ``progress`` does: pass it back as ``seen`` to wait "
+        "for the next change"
+    )

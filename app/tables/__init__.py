@@ -8,6 +8,7 @@ from app.tables.result import Result
 from app.tables.snapshot import Snapshot
 from app.tables.submitter_queue import SubmitterQueue
 from app.tables.sweep import Sweep
+from app.tables.sweep_count import SweepCount
 from app.tables.tag import ExperimentTag
 from app.tables.trace_chunk import TraceChunk
 from app.tables.worker import Worker
@@ -22,6 +23,7 @@ __all__ = [
     "Snapshot",
     "SubmitterQueue",
     "Sweep",
+    "SweepCount",
     "TraceChunk",
     "Worker",
 ]

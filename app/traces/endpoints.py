@@ -3,9 +3,10 @@ PyTorch's memory viewer (``memory_viz``) or Perfetto (``chrome``)."""
 
 import itertools
 from collections.abc import Generator, Iterator
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
@@ -24,6 +25,39 @@ router = APIRouter(
     responses=ERROR_RESPONSES,
     dependencies=[require("read")],
 )
+
+
+TraceFormat = Literal["json", "ndjson", "memory_viz", "chrome"]
+
+
+@dataclass(frozen=True)
+class TraceQuery:
+    """What a trace route is asked for: the format, and for ``json``/``ndjson`` the page
+    and the filters."""
+
+    format: TraceFormat
+    offset: int
+    limit: int
+    actions: set[str] | None
+    min_size: int
+
+
+def trace_query(
+    format: TraceFormat = "json",
+    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    action: Annotated[
+        list[TraceAction] | None,
+        Query(max_length=len(TRACE_ACTIONS), description="events of these actions only"),
+    ] = None,
+    min_size: Annotated[int, Query(ge=0, le=2**62)] = 0,
+) -> TraceQuery:
+    """The trace routes' query parameters, declared once (an experiment's and a
+    snapshot's)."""
+    return TraceQuery(format, offset, limit, set(action) if action else None, min_size)
+
+
+TraceQueryDep = Annotated[TraceQuery, Depends(trace_query)]
 
 
 class TracePage(BaseModel):
@@ -49,23 +83,11 @@ class TracePage(BaseModel):
         }
     },
 )
-def trace(
-    exp: ExperimentDep,
-    s: SessionDep,
-    db: DatabaseDep,
-    format: Literal["json", "ndjson", "memory_viz", "chrome"] = "json",
-    offset: Annotated[int, Query(ge=0, le=10**9)] = 0,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-    action: Annotated[
-        list[TraceAction] | None,
-        Query(max_length=len(TRACE_ACTIONS), description="events of these actions only"),
-    ] = None,
-    min_size: Annotated[int, Query(ge=0, le=2**62)] = 0,
-) -> Any:
+def trace(exp: ExperimentDep, s: SessionDep, db: DatabaseDep, q: TraceQueryDep) -> Any:
     """``offset`` counts matching events. ``json`` pages; ``ndjson`` streams every match.
     ``memory_viz`` (a pickle for pytorch.org/memory_viz) and ``chrome`` (trace-event JSON)
     stream the whole trace; filters do not apply to them."""
-    actions: set[str] | None = set(action) if action else None
+    format, offset, limit, actions, min_size = q.format, q.offset, q.limit, q.actions, q.min_size
     if format in EXPORTS:
         media, ext = EXPORTS[format]
         return StreamingResponse(

@@ -1,5 +1,7 @@
 """Allocator traces: chunks uploaded by workers, read back page by page or as a stream."""
 
+import base64
+import binascii
 import contextlib
 import gzip
 import json
@@ -163,6 +165,27 @@ def _check_lines(lines: list[bytes], before: int, settings: Settings) -> None:
             raise ApiError(f"trace chunk line {n} is not JSON") from None
         if not isinstance(event, dict) or any(k not in event for k in REQUIRED_KEYS):
             raise ApiError(f"trace chunk line {n} is not an event with {REQUIRED_KEYS}")
+
+
+@dataclass(frozen=True)
+class InlineTrace:
+    """A trace sent inside its outcome (a batch report's ``trace_gz``), checked."""
+
+    body: bytes
+    checked: CheckedChunk
+
+
+def check_inline(trace_gz: str, settings: Settings) -> InlineTrace | str:
+    """A batch report's inline trace decoded and checked as an uploaded chunk is; or why
+    it is refused (the refusal is its outcome's alone)."""
+    try:
+        body = base64.b64decode(trace_gz, validate=True)
+    except (binascii.Error, ValueError):
+        return "trace_gz: not base64"
+    try:
+        return InlineTrace(body, check_chunk(body, settings))
+    except ApiError as exc:
+        return f"trace_gz: {exc.message}"
 
 
 def store_chunk(

@@ -1,4 +1,4 @@
-"""The web pages under /ui/: experiments (list, one, submit), a sweep, a comparison.
+"""The web pages under /ui/: experiments (list, one, submit), a sweep, a comparison, a plan.
 
 Server-rendered with Jinja2; every asset is inline, so the pages work with no network.
 Reads go through the same services and the same ``read`` scope as the JSON API; the
@@ -6,6 +6,7 @@ submit form posts to ``POST /v1/experiments`` from the browser, with a token if 
 """
 
 import contextlib
+import time
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -13,6 +14,7 @@ from fastapi import APIRouter, Form, Query, Request
 from fastapi import Path as PathParam
 from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.templating import Jinja2Templates
+from pydantic import ValidationError
 
 from app.access.tokens import Principal
 from app.api.deps import ExperimentDep, NowDep, SessionDep, SettingsDep, SignalDep, require
@@ -26,6 +28,10 @@ from app.figures import html
 from app.figures import service as figures
 from app.figures.chart import busy_range
 from app.fits import service as fits
+from app.gpus import service as gpus
+from app.plans import service as plans
+from app.plans import views as plan_views
+from app.plans.schemas import PlanIn
 from app.presets import service as presets
 from app.presets.schemas import PresetRun
 from app.queue import workers
@@ -231,3 +237,53 @@ def compare_page(
         except ApiError as exc:
             error = exc.message
     return _page(request, "compare.html", ids=ids, result=result, chart=chart, error=error)
+
+
+PLAN_FIELDS = ("model", "batch", "seq", "task", "precision", "optimizer", "gpus", "capacity",
+               "variants", "vary", "quick")  # fmt: skip
+
+
+@router.get("/plan", response_class=HTMLResponse)
+def plan_page(
+    request: Request,
+    s: SessionDep,
+    settings: SettingsDep,
+    now: NowDep,
+    model: Annotated[str, Query(max_length=200)] = "",
+    batch: Annotated[str, Query(max_length=20)] = "",
+    seq: Annotated[str, Query(max_length=20)] = "",
+    task: Annotated[str, Query(max_length=20)] = "train",
+    precision: Annotated[str, Query(max_length=20)] = "",
+    optimizer: Annotated[str, Query(max_length=20)] = "",
+    gpus_given: Annotated[str, Query(alias="gpus", max_length=1000)] = "",
+    capacity: Annotated[str, Query(max_length=40)] = "",
+    variants: Annotated[str, Query(max_length=2000)] = "",
+    vary: Annotated[str, Query(max_length=20)] = "batch_size",
+    quick: Annotated[str, Query(max_length=4)] = "",
+) -> HTMLResponse:
+    """Will it fit: the plan form, and its answer drawn per GPU and variant."""
+    live = gpus.worker_cards(s, now, settings.worker_live_seconds)
+    form = dict(zip(PLAN_FIELDS, (model, batch, seq, task, precision, optimizer, gpus_given,
+                                  capacity, variants, vary, quick), strict=True))  # fmt: skip
+    result = error = None
+    if model.strip():
+        try:
+            body = PlanIn.model_validate(plan_views.request(form))
+            address = request.client.host if request.client else "unknown"
+            predict = plans.predictor_of(settings, f"address:{address}")
+            result = plans.plan(body, live, predict, time.monotonic)
+        except ApiError as exc:
+            details = exc.details if isinstance(exc.details, list) else []
+            error = "; ".join(f"{d['field']}: {d['message']}" for d in details) or exc.message
+        except ValidationError as exc:
+            error = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+    return _page(
+        request,
+        "plan.html",
+        form=form,
+        plan=result,
+        bars=plan_views.bars(result) if result is not None else [],
+        legend=plan_views.legend(),
+        cards=[c.name for c in gpus.listing(s, now, settings.worker_live_seconds)],
+        error=error,
+    )

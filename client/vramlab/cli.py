@@ -1,5 +1,5 @@
 """The ``vramlab`` client commands: submit, show, ls, cancel, trace, sweep, compare,
-presets, run, fit, fits, fit-show, fit-cancel and record.
+presets, run, fit, fits, fit-show, fit-cancel, plan, gpus and record.
 
 They speak the HTTP API (through :class:`vramlab.Client`), so they work against a
 remote service: the server from ``--api`` or ``VRAMLAB_API_URL``, a token from
@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from vramlab.commands import experiments, fits, presets, record, sweeps, traces
+from vramlab.commands import experiments, fits, plans, presets, record, sweeps, traces
 
 
 def common_parser() -> argparse.ArgumentParser:
@@ -42,6 +42,7 @@ def register(sub: Any) -> None:
     traces.register(sub, common)
     sweeps.register(sub, common)  # sweep, compare
     fits.register(sub, common)
+    plans.register(sub, common)  # plan, gpus
     record.register(sub, common)
 
 

@@ -16,16 +16,19 @@ from typing import Any, BinaryIO
 import httpx
 
 from vramlab import recorder
-from vramlab.errors import ClientError, GaveUp, checked
+from vramlab.errors import ApiError, ClientError, GaveUp, checked
 from vramlab.names import FINISHED, FitStatus, Status
 from vramlab.recorder import Recording
 
 DEFAULT_API = "http://127.0.0.1:8000"
+PLAN_ATTEMPTS = 4  # a plan past the service's time bound is asked again (503, then cached)
 FULL_ID = 36
 TERMINAL = tuple(str(s) for s in Status if s in FINISHED)
 
 # Called while waiting: what the API said last, and the seconds waited so far.
 Progress = Callable[[dict[str, Any], float], None]
+# How long one progress read may wait for a change (well inside the HTTP timeout).
+LONG_POLL_S = 10.0
 
 
 class Client:
@@ -186,16 +189,34 @@ class Client:
         sweep: dict[str, Any] = self._post("/v1/sweeps", body)
         return self.wait_sweep(sweep, poll_s, on_progress) if wait else sweep
 
+    def sweep_progress(
+        self, sweep_id: str, seen: str | None = None, wait_s: float = 0.0
+    ) -> dict[str, Any]:
+        """A sweep's counts by status (``GET /v1/sweeps/{id}/progress``); with ``seen`` (a
+        ``version`` read before), the next change, waiting up to ``wait_s`` for it."""
+        params: dict[str, Any] = {} if seen is None else {"seen": seen, "wait": wait_s}
+        out: dict[str, Any] = self._get(f"/v1/sweeps/{sweep_id}/progress", **params)
+        return out
+
     def wait_sweep(
         self, sweep: dict[str, Any], poll_s: float = 0.5, on_progress: Progress | None = None
     ) -> dict[str, Any]:
+        """Follow a sweep until it is done, then read it with its rows. Progress is
+        long-polled: each read answers when the counts change, at most one every
+        ``poll_s``; ``on_progress`` gets each (``n_points``, ``progress``, ``done``)."""
         started = time.monotonic()
+        seen: str | None = None
+        wait_s = min(LONG_POLL_S, (self.http.timeout.read or 2 * LONG_POLL_S) / 2)
         while not sweep["done"]:
-            time.sleep(poll_s)
-            sweep = self._get(f"/v1/sweeps/{sweep['id']}")
+            last = time.monotonic()
+            sweep = self.sweep_progress(sweep["id"], seen, wait_s)
+            seen = sweep["version"]
             if on_progress is not None:
                 on_progress(sweep, time.monotonic() - started)
-        return sweep
+            if not sweep["done"]:
+                time.sleep(max(0.0, poll_s - (time.monotonic() - last)))
+        out: dict[str, Any] = self._get(f"/v1/sweeps/{sweep['id']}")
+        return out
 
     def sweep_csv(self, sweep_id: str) -> str:
         return self.http.get(f"/v1/sweeps/{sweep_id}", params={"format": "csv"}).text
@@ -241,6 +262,52 @@ class Client:
             body["max_value"] = max_value
         fit: dict[str, Any] = self._post("/v1/fits", body)
         return self.wait_fit(fit, poll_s, on_progress) if wait else fit
+
+    # -- plans and the GPU catalog ------------------------------------------------
+
+    def plan(
+        self,
+        model: str,
+        *,
+        gpus: Iterable[str] = (),
+        capacity_bytes: int | None = None,
+        vary: str = "batch_size",
+        task: str = "train",
+        params: Mapping[str, Any] | None = None,
+        variants: Iterable[Mapping[str, Any]] = (),
+        suggest: bool = True,
+        verify: bool = True,
+    ) -> dict[str, Any]:
+        """Will a model's step fit these GPUs (names from ``gpus()``, loosely matched) or
+        ``capacity_bytes``: predicted, nothing run. ``variants``: more answers, each with
+        these params overridden (the spec as given is always the first)."""
+        body: dict[str, Any] = {
+            "spec": {"op": "model", "params": {"model": model, "task": task, **(params or {})}},
+            "gpus": list(gpus),
+            "vary": vary,
+            "variants": [{}, *(dict(v) for v in variants)],
+            "suggest": suggest,
+            "verify": verify,
+        }
+        if capacity_bytes is not None:
+            body["capacity_bytes"] = capacity_bytes
+        # A plan traces steps for up to 90 s (the service's bound), past the usual timeout;
+        # one that runs past its bound answers 503, and asked again it goes on from what
+        # the service's predictor has cached.
+        for attempt in range(PLAN_ATTEMPTS):
+            try:
+                out: dict[str, Any] = checked(self.http.post("/v1/plans", json=body, timeout=120))
+                return out
+            except ApiError as exc:
+                if exc.status_code != 503 or attempt == PLAN_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def gpus(self) -> dict[str, Any]:
+        """The GPU catalog (``items``): each card's total and usable memory, compute
+        capability, bf16, cuBLAS's workspace."""
+        out: dict[str, Any] = self._get("/v1/gpus")
+        return out
 
     def wait_fit(
         self, fit: dict[str, Any], poll_s: float = 1.0, on_progress: Progress | None = None

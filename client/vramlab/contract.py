@@ -27,6 +27,7 @@ from vramlab.names import (
     MAX_CLAIM_BATCH,
     MAX_ERROR_HINT_CHARS,
     MAX_ERROR_MESSAGE_CHARS,
+    MAX_INLINE_TRACE_CHARS,
     MAX_OUTCOME_BYTES,
     MAX_REPORT_BATCH,
     MAX_TRACE_CHUNK_BYTES,
@@ -61,6 +62,7 @@ __all__ = [
     "MAX_CLAIM_BATCH",
     "MAX_ERROR_HINT_CHARS",
     "MAX_ERROR_MESSAGE_CHARS",
+    "MAX_INLINE_TRACE_CHARS",
     "MAX_OUTCOME_BYTES",
     "MAX_REPORT_BATCH",
     "MAX_TRACE_CHUNK_BYTES",
@@ -282,6 +284,12 @@ class ModelFigures:
     parameter_bytes: int | None = field(default=None, metadata={"ge": 0})
     gradient_bytes: int | None = field(default=None, metadata={"ge": 0})
     optimizer_state_bytes: int | None = field(default=None, metadata={"ge": 0})
+    # What the optimizer trains (all parameters, or LoRA's adapters and modules_to_save),
+    # by name (a repeated block's index as ``*``), and paged optimizer state: in CUDA
+    # managed memory, which the allocator's figures above do not count.
+    trainable_parameter_count: int | None = field(default=None, metadata={"ge": 0})
+    trainable_parameters: list[str] | None = None
+    paged_optimizer_state_bytes: int | None = field(default=None, metadata={"ge": 0})
     reported_step: int = field(metadata={"ge": 1})
     peak_allocated: int = field(metadata={"ge": 0})
     peak_reserved: int = field(metadata={"ge": 0})

@@ -120,6 +120,9 @@ REPORT_BATCH_PATH = "/v1/worker/results"
 # (the whole report also fits the API's body limit, ``max_body_bytes``).
 MAX_CLAIM_BATCH = 64
 MAX_REPORT_BATCH = 64
+# A trace this small (its gzip chunk, base64) may travel inside its outcome in a batch
+# report instead of being uploaded on its own: a tiny experiment's trace costs no call.
+MAX_INLINE_TRACE_CHARS = 64 * 2**10
 
 
 class ReportVerdict(StrEnum):

@@ -46,8 +46,32 @@ Head = Literal["causal-lm", "masked-lm", "seq2seq-lm", "image-classification"]
 HEADS: tuple[Head, ...] = ("causal-lm", "masked-lm", "seq2seq-lm", "image-classification")
 Precision = Literal["fp32", "bf16", "fp16", "bf16-autocast", "fp16-autocast"]
 PRECISIONS: tuple[Precision, ...] = ("fp32", "bf16", "fp16", "bf16-autocast", "fp16-autocast")
-Optimizer = Literal["sgd", "sgd-momentum", "adam", "adamw", "adafactor"]
-OPTIMIZERS: tuple[Optimizer, ...] = ("sgd", "sgd-momentum", "adam", "adamw", "adafactor")
+Optimizer = Literal[
+    "sgd",
+    "sgd-momentum",
+    "adam",
+    "adamw",
+    "adafactor",
+    "transformers-adafactor",
+    "adamw-8bit",
+    "paged-adamw-8bit",
+    "paged-adamw",
+]
+OPTIMIZERS: tuple[Optimizer, ...] = (
+    "sgd",
+    "sgd-momentum",
+    "adam",
+    "adamw",
+    "adafactor",
+    # transformers' Adafactor as Trainer's optim="adafactor" builds it
+    "transformers-adafactor",
+    # bitsandbytes' (CUDA only)
+    "adamw-8bit",
+    "paged-adamw-8bit",
+    "paged-adamw",
+)
+Loss = Literal["default", "liger"]
+LOSSES: tuple[Loss, ...] = ("default", "liger")
 OptimizerImpl = Literal["default", "for-loop", "foreach", "fused"]
 OPTIMIZER_IMPLS: tuple[OptimizerImpl, ...] = ("default", "for-loop", "foreach", "fused")
 Attention = Literal["sdpa", "eager"]
@@ -56,7 +80,9 @@ DEFAULT_SEQ_LEN = 128  # a text model's tokens per sample when seq_len is left o
 DEFAULT_NEW_TOKENS = 16  # tokens a generation decodes when new_tokens is left out
 DEFAULT_IMAGE_SIZE = 224  # an image model's side when neither the spec nor its config says
 
-ParamKind = Literal["int", "float", "bool", "shape", "dtype", "device", "choice", "text", "mapping"]
+ParamKind = Literal[
+    "int", "float", "bool", "shape", "dtype", "device", "choice", "text", "mapping", "document"
+]
 
 
 def knob(
@@ -92,8 +118,10 @@ class ModelParams:
     The fields' order is the catalog's (``GET /v1/catalog``); a field left ``None`` takes
     the default its property says (``seq_len_or_default``...)."""
 
-    model: str = knob(
-        "text", "a preset (gpt2, llama-8b, ...) or a transformers model_type", required=True
+    model: str | None = knob(
+        "text",
+        "a preset (gpt2, llama-8b, ...) or a transformers model_type (required unless "
+        "config_json is given)",
     )
     # The one open mapping of a run spec: config names are transformers', not ours.
     config: dict[str, Json] | None = knob("mapping", 'config overrides, e.g. {"n_layer": 6}')
@@ -139,6 +167,65 @@ class ModelParams:
     steps: int = knob("int", "steps run; the last is reported", 2, minimum=1, maximum=10)
     capacity_bytes: int | None = knob(
         "int", "emulate a smaller card: the memory this run may use", minimum=1
+    )
+    # Fine-tuning knobs (docs/models.md; checked in app/catalog/finetune.py, read by
+    # workers/models/finetune.py).
+    dropout: float | None = knob(
+        "float",
+        "dropout probability of every dropout in the model while training (default: the "
+        "config's own)",
+        minimum=0.0,
+        maximum=1.0,
+    )
+    target_len: int | None = knob(
+        "int",
+        "label tokens per sample of a seq2seq training step (default: seq_len)",
+        minimum=1,
+        maximum=1048576,
+    )
+    use_cache: bool | None = knob(
+        "bool", "keep the KV cache (inference and generate; default: the config's use_cache)"
+    )
+    logits_to_keep: int | None = knob(
+        "int",
+        "last positions whose logits the forward makes (inference and generate; 0: all; "
+        "default: all for inference, 1 for generate's prefill)",
+        minimum=0,
+        maximum=1048576,
+    )
+    config_json: dict[str, Json] | None = knob(
+        "document",
+        "a whole config.json as transformers writes it (model_type inside; `model` may then "
+        "be left out)",
+    )
+    peft: dict[str, Json] | None = knob(
+        "mapping",
+        'LoRA through peft: {"r", "alpha", "dropout", "target_modules", "modules_to_save"}; '
+        "the base is frozen",
+    )
+    quantization: dict[str, Json] | str | None = knob(
+        "mapping",
+        'a quantized base through bitsandbytes (CUDA): {"method": "nf4" | "int8", '
+        '"double_quant", "compute_dtype"}, or "qlora" (nf4, double quantisation, LoRA)',
+        choices=("qlora",),
+    )
+    loss: Loss = knob(
+        "choice",
+        "the loss: the model's own, or Liger's fused linear cross-entropy (CUDA)",
+        "default",
+        choices=LOSSES,
+    )
+    max_grad_norm: float | None = knob(
+        "float",
+        "clip the gradients' norm before the optimizer's step (Trainer's max_grad_norm)",
+        minimum=0.0,
+        maximum=1e6,
+    )
+    trainer: dict[str, Json] | None = knob(
+        "mapping",
+        "TrainingArguments fields (per_device_train_batch_size, gradient_accumulation_steps, "
+        "bf16, fp16, gradient_checkpointing, optim, max_grad_norm), mapped to the knobs "
+        "(they win over the knobs they set)",
     )
 
     @property

@@ -130,7 +130,7 @@ def test_the_cookie_is_secure_beyond_loopback(database_url: str) -> None:
 def test_pages_send_a_policy_and_nonce_every_script(client: httpx.Client) -> None:
     client.post("/v1/experiments", json=ADD)
     nonces = set()
-    for path in ("/ui/", "/ui/submit", "/ui/signin", "/ui/compare"):
+    for path in ("/ui/", "/ui/submit", "/ui/signin", "/ui/compare", "/ui/plan"):
         page = client.get(path)
         assert page.status_code == 200, path
         policy = page.headers["content-security-policy"]
@@ -147,7 +147,7 @@ def test_pages_send_a_policy_and_nonce_every_script(client: httpx.Client) -> Non
             if 'type="application/json"' not in attrs:
                 assert f'nonce="{nonce.group(1)}"' in attrs, (path, attrs)
         assert " onclick=" not in page.text and " onload=" not in page.text
-    assert len(nonces) == 4  # a fresh nonce per response
+    assert len(nonces) == 5  # a fresh nonce per response
 
 
 def _documents(client: httpx.Client) -> dict[str, str]:

@@ -212,10 +212,12 @@ def test_real_predictions_bound_hostile_specs_and_answer_encoder_decoders(
     database_url: str,
 ) -> None:
     """Through the API's own children: a spec that cannot be built is 422 (not queued
-    unpredicted), a GPT-2 a million blocks deep is 422 over the cap at once, and BART
-    with its default config is predicted."""
+    unpredicted), a GPT-2 a million blocks deep is 422 over the cap at once, BART with
+    its default config is predicted, and the child runs nice'd."""
     pytest.importorskip("transformers")
-    settings = make_settings(database_url, model_predictor_children=1)
+    import psutil
+
+    settings = make_settings(database_url, model_predictor_children=1, model_predictor_nice=10)
     with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=300) as http:
         bart = http.post(
             "/v1/experiments",
@@ -229,7 +231,13 @@ def test_real_predictions_bound_hostile_specs_and_answer_encoder_decoders(
             assert field in refused.json()["error"]["details"][0]["field"]
         deep = http.post("/v1/experiments", json=model_spec(1, n_layer=1_000_000))
         assert deep.status_code == 422, deep.text
-        assert "predicted to peak" in deep.text
+        assert "the step peaks at" in deep.text
+        # The child runs at a lower CPU priority than the API (this process).
+        me = psutil.Process()
+        [child] = [
+            p for p in me.children(recursive=True) if "workers.models.predict" in p.cmdline()
+        ]
+        assert child.nice() == me.nice() + 10
     # A limit no prediction meets: the spec is refused, and refused again from memory.
     settings = make_settings(
         database_url, model_predictor_children=1, model_predict_timeout_s=0.001

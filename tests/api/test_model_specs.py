@@ -52,6 +52,12 @@ def test_an_unknown_model_is_refused_with_what_is_known(client: httpx.Client) ->
         ({"model": "vit-base", "seq_len": 128}, "params.seq_len"),
         ({"model": "gpt2", "steps": 1}, "params.steps"),
         ({"model": "gpt2", "config": {"n_layer": {"nested": 1}}}, "params.config"),
+        ({"model": "gpt2", "target_len": 16}, "params.target_len"),
+        ({"model": "t5-small", "task": "inference", "target_len": 16}, "params.target_len"),
+        ({"model": "gpt2", "use_cache": False}, "params.use_cache"),
+        ({"model": "gpt2", "task": "inference", "dropout": 0.1}, "params.dropout"),
+        ({"model": "bert-base", "task": "inference", "logits_to_keep": 1}, "params.logits_to_keep"),
+        ({"model": "gpt2", "dropout": 1.5}, "params.dropout"),
     ],
 )
 def test_knobs_that_do_not_combine_name_their_field(
@@ -111,3 +117,37 @@ def test_a_cuda_model_spec_is_predicted_reserved_with_its_allocator_settings(
     assert plain["peak_reserved"] == predict(params, "cuda")["peak_reserved"]
     assert expandable["peak_reserved"] == predict(params, "cuda", allocator)["peak_reserved"]
     assert plain["peak_reserved"] != expandable["peak_reserved"]
+
+
+@pytest.mark.parametrize(
+    ("params", "field"),
+    [
+        ({"model": "gpt2", "peft": {"r": 0}}, "params.peft.r"),
+        ({"model": "gpt2", "peft": {"rank": 8}}, "params.peft.rank"),
+        ({"model": "gpt2", "peft": {"r": 8, "target_modules": 3}}, "params.peft.target_modules"),
+        ({"model": "gpt2", "task": "inference", "peft": {"r": 8}}, "params.peft"),
+    ],
+)
+def test_lora_settings_are_checked(
+    client: httpx.Client, params: dict[str, object], field: str
+) -> None:
+    response = client.post(
+        "/v1/experiments", json={"op": "model", "shape": [], "device": "cpu", "params": params}
+    )
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["details"][0]["field"] == field
+
+
+def test_lora_settings_are_written_out_in_the_stored_spec(client: httpx.Client) -> None:
+    response = client.post(
+        "/v1/experiments",
+        json={
+            "op": "model",
+            "shape": [],
+            "device": "cpu",
+            "params": {"model": "tiny-gpt2", "peft": {"r": 4}},
+        },
+    )
+    assert response.status_code == 202, response.text
+    lora = response.json()["spec"]["params"]["peft"]
+    assert lora == {"r": 4, "alpha": 16, "dropout": 0.0, "target_modules": "all-linear"}

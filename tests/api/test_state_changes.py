@@ -211,3 +211,23 @@ def test_the_claim_order_is_read_from_an_index(database_url: str) -> None:
     finally:
         engine.dispose()
     assert "ix_experiments_claim" in plan and "Sort" not in plan, plan
+
+
+def test_the_reaper_wakes_when_the_earliest_lease_expires(database_url: str) -> None:
+    """Its usual round is a minute here; an expired lease still goes back to the queue
+    (or fails as `lost` on its last attempt) right after its expiry, no worker polling."""
+    settings = make_settings(
+        database_url, lease_seconds=1.0, lease_check_seconds=60, max_attempts=2
+    )
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=30) as client:
+        worker = register(client)
+        exp = submit(client)
+        got = claim(client, worker)
+        assert got is not None
+        time.sleep(1.0 + 4.0)  # the lease, and a generous margin (not a bound)
+        assert client.get(f"/v1/experiments/{exp['id']}").json()["status"] == "queued"
+        again = claim(client, worker)
+        assert again is not None and again["attempt"] == 2
+        time.sleep(1.0 + 4.0)
+        lost = client.get(f"/v1/experiments/{exp['id']}").json()
+        assert (lost["status"], lost["error"]["type"]) == ("failed", "lost")

@@ -2,6 +2,7 @@
 experiment its own lease, claimed exactly once, and each outcome stored or refused on
 its own (a refused one changes nothing)."""
 
+import base64
 import threading
 from collections import Counter
 from typing import Any
@@ -168,3 +169,47 @@ def test_batches_are_bounded(client: httpx.Client) -> None:
         refused = client.post(REPORT_BATCH_PATH, json={"results": items})
         assert refused.status_code == 422, refused.text
     assert client.get(f"/v1/experiments/{got['id']}").json()["status"] == "running"
+
+
+def test_a_batch_report_carries_small_traces_with_their_outcomes(client: httpx.Client) -> None:
+    """A trace inside its outcome (``trace_gz``) is stored as if uploaded, with the
+    outcome; one that does not hold up is refused alone and changes nothing."""
+    ids = [submit(client)["id"] for _ in range(5)]
+    worker = register(client)
+    got = claim_batch(client, worker, 5)
+    assert [g["id"] for g in got] == ids
+    sent = _events(6)
+
+    def traced(claimed: dict[str, Any], trace: str, events: int) -> dict[str, Any]:
+        outcome = {"status": "succeeded", "result": {"memory": MEMORY}, "trace_events": events}
+        return item(claimed, **outcome, trace_gz=trace)
+
+    inline = base64.b64encode(_gz(sent)).decode()
+    headers = {"X-Lease-Token": got[3]["lease_token"], "Content-Type": "application/gzip"}
+    uploaded = client.put(
+        f"/v1/worker/experiments/{got[3]['id']}/trace/0", content=_gz(sent), headers=headers
+    )
+    assert uploaded.status_code == 200, uploaded.text
+    verdicts = report(
+        client,
+        [
+            traced(got[0], inline, 6),
+            traced(got[1], "not base64!", 6),
+            traced(got[2], inline, 5),  # says 5 events, sends 6
+            traced(got[3], inline, 6),  # its chunk 0 was uploaded already
+            traced(got[4], base64.b64encode(b"not gzip").decode(), 6),
+        ],
+    )
+    assert [v["verdict"] for v in verdicts] == ["stored", *["refused"] * 4]
+    assert "base64" in verdicts[1]["error"] and "trace_events" in verdicts[2]["error"]
+    assert "uploaded already" in verdicts[3]["error"] and "gzip" in verdicts[4]["error"]
+    trace = client.get(f"/v1/experiments/{ids[0]}/trace").json()
+    assert [(e["action"], e["size"]) for e in trace["events"]] == [
+        (e["action"], e["size"]) for e in sent
+    ]
+    for refused_id in ids[1:]:
+        assert client.get(f"/v1/experiments/{refused_id}").json()["status"] == "running"
+    # A refused one is reported again as it should have been.
+    again = report(client, [traced(got[2], inline, 6)])
+    assert again[0]["verdict"] == "stored"
+    assert len(client.get(f"/v1/experiments/{ids[2]}/trace").json()["events"]) == 6

@@ -62,6 +62,7 @@ class CountingClient(ApiClient):
         super().__init__(url)
         self.claimed: list[int] = []
         self.reported: list[int] = []
+        self.uploads = 0
 
     def claim_many(self, worker_id: str, wait_s: float, most: int) -> list[dict[str, Any]]:
         got = super().claim_many(worker_id, wait_s, most)
@@ -71,6 +72,10 @@ class CountingClient(ApiClient):
     def report_many(self, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
         self.reported.append(len(items))
         return super().report_many(items)
+
+    def upload_trace(self, exp_id: str, token: str, seq: int, gz: bytes) -> None:
+        self.uploads += 1
+        super().upload_trace(exp_id, token, seq, gz)
 
 
 def test_a_batching_loop_claims_and_reports_many_at_once_and_stores_each_outcome(
@@ -102,6 +107,7 @@ def test_a_batching_loop_claims_and_reports_many_at_once_and_stores_each_outcome
         # The first claim takes one (nothing ran yet); then whole batches of tiny runs.
         assert client.claimed[0] == 1 and max(client.claimed) == 8 and sum(client.claimed) == n
         assert max(client.reported) > 1 and sum(client.reported) == n
+        assert client.uploads == 0  # the small traces went with their batch reports
         for i, exp_id in enumerate(ids):  # claimed in the order submitted
             exp = http.get(f"/v1/experiments/{exp_id}").json()
             assert exp["attempts"] == 1

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from app.catalog import plan_spec
+from vramlab.runspec import ModelParams
 
 pytest.importorskip("transformers")
 
@@ -116,8 +117,9 @@ def test_extending_different_stacks_matches_tracing_them_whole() -> None:
         "float32",
         "cuda",
     )
-    whole, _ = predict._trace(checked, cuda=True)
-    extended = predict._extend_stacks(checked, True, {"num_layers": 4, "num_decoder_layers": 7})
+    params = ModelParams.from_wire(checked)
+    whole, _ = predict._trace(params, cuda=True)
+    extended = predict._extend_stacks(params, True, {"num_layers": 4, "num_decoder_layers": 7})
     assert extended == whole
 
 

@@ -1,13 +1,18 @@
 """Warm spare children and concurrent experiments, through the runner's public interface."""
 
 import contextlib
+import os
+import signal
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from tests.workers.conftest import CheckedRunner, SpecFactory
 from workers import allocator
+from workers.children import EXIT_GRACE_S
 from workers.endings import Outcome
 from workers.runner import Runner
 
@@ -150,3 +155,22 @@ def test_experiments_that_end_out_of_order_each_keep_their_own_count() -> None:
             assert alone[0] == 1  # nothing left behind
     finally:
         runner.close()
+
+
+def test_closing_retires_idle_children_without_their_exit_grace() -> None:
+    """A spare that cannot exit promptly (here: stopped, as a starved one on a loaded
+    host) is killed after a short shared grace; close waited the whole per-child exit
+    grace (10 s) for each before, so an idle worker took seconds to stop on SIGTERM."""
+    runner = Runner(spares=2)
+    runner.start()
+    runner.capabilities()
+    spares = runner.spares("cpu")
+    assert len(spares) == 2
+    pids = [proc.pid for proc in spares if proc.pid is not None]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    began = time.monotonic()
+    runner.close()
+    took = time.monotonic() - began
+    assert not any(psutil.pid_exists(pid) for pid in pids)  # reaped
+    assert took < EXIT_GRACE_S  # not a timing threshold: the grace it no longer waits

@@ -11,14 +11,16 @@ import contextlib
 import inspect
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from vramlab.catalog.errors import CatalogError
-from vramlab.catalog.model_zoo import Resolved, resolve
+from vramlab.catalog.model_zoo import Resolved, resolve_spec
 from vramlab.runspec import DEFAULT_IMAGE_SIZE, ModelParams
+from workers.models import finetune, rules
+from workers.models.finetune import FineTune
 
 # The child never reaches a model hub: configs are built, weights are random.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -48,6 +50,7 @@ class Built:
     device: torch.device
     autocast_dtype: torch.dtype | None
     keeps_logits: bool  # whether the forward takes logits_to_keep (generation's prefill)
+    tune: FineTune = field(default_factory=FineTune)
     # Another autocast (the predictor's CUDA autocast on CPU fake tensors); None: torch's.
     autocast_with: Callable[[torch.dtype], contextlib.AbstractContextManager[Any]] | None = None
 
@@ -84,7 +87,17 @@ class Built:
     def gradients(self) -> list[torch.Tensor]:
         return [p.grad for p in self.model.parameters() if p.grad is not None]
 
+    def trainable(self) -> list[torch.Tensor]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
     def optimizer_state(self) -> list[torch.Tensor]:
+        """The optimizer's state on the device (paged state, in managed memory, apart)."""
+        return [t for t in self._state() if not finetune.is_paged(t)]
+
+    def paged_state(self) -> list[torch.Tensor]:
+        return [t for t in self._state() if finetune.is_paged(t)]
+
+    def _state(self) -> list[torch.Tensor]:
         if self.optimizer is None:
             return []
         return [
@@ -99,7 +112,10 @@ def config_of(params: ModelParams) -> tuple[Resolved, Any]:
     """The model's resolved name and its transformers config (overrides applied)."""
     import transformers
 
-    resolved = resolve(params.model, params.head)
+    try:
+        resolved = resolve_spec(params.model, params.head, params.config_json)
+    except ValueError as exc:
+        raise CatalogError("params.model", str(exc)) from None
     overrides = {**resolved.config, **params.config_overrides}
     config_class = transformers.CONFIG_MAPPING[resolved.model_type]
     known = set(inspect.signature(config_class.__init__).parameters) | set(
@@ -112,6 +128,9 @@ def config_of(params: ModelParams) -> tuple[Resolved, Any]:
         config = transformers.AutoConfig.for_model(resolved.model_type, **overrides)
     except (ValueError, TypeError, KeyError) as exc:
         raise CatalogError("params.config", f"transformers refuses this config: {exc}") from None
+    if params.dropout is not None:  # the knob: every dropout probability of the config
+        for key, value in finetune.dropout_overrides(config, params.dropout).items():
+            setattr(config, key, value)
     if resolved.kind == "seq2seq-lm" and getattr(config, "decoder_start_token_id", None) is None:
         # Training shifts the labels right from this token; T5's configs leave it unset.
         config.decoder_start_token_id = getattr(config, "pad_token_id", None) or 0
@@ -129,6 +148,7 @@ def build(
     from transformers.initialization import no_init_weights
 
     resolved, config = config_of(params)
+    tune = FineTune.of(params.wire())
     task, precision = params.task, params.precision
     auto = getattr(transformers, _AUTO[resolved.kind])
     weights = WEIGHT_DTYPES.get(precision, torch.float32)
@@ -144,6 +164,17 @@ def build(
             raise CatalogError(field, f"transformers cannot build this model: {exc}") from None
     if not initialize:
         model.tie_weights()  # skipped with the weights' initialization
+    if tune.quantization is not None:
+        q = tune.quantization
+        if initialize:  # bitsandbytes quantizes as it loads: the random weights, reloaded
+            model = finetune.quantized(model, auto, kwargs, q, device, task == "train")
+        else:
+            rules.quantize(model, q.method, q.double_quant, WEIGHT_DTYPES[q.compute_dtype])
+    if tune.loss == "liger":
+        if initialize:
+            finetune.apply_liger(model)
+        else:
+            model.forward = rules.liger_forward(model)
     model.train(task == "train")
     if params.checkpointing:
         if not getattr(model, "supports_gradient_checkpointing", False):
@@ -151,17 +182,20 @@ def build(
                 "params.checkpointing", f"{resolved.model_type} has no activation checkpointing"
             )
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if task == "train":
-        # Dropout draws masks that change nothing about the bytes but cost a random draw.
-        for module in model.modules():
-            if isinstance(module, torch.nn.Dropout):
-                module.p = 0.0
-    optimizer = make_optimizer(params, list(model.parameters())) if task == "train" else None
+    if tune.dropout is not None:  # dropouts no config value reaches (training keeps masks)
+        finetune.set_dropout(model, tune.dropout)
+    if tune.lora is not None:
+        with torch.device(device):
+            model = finetune.apply_lora(model, tune.lora, fake=not initialize)
+        model.train(task == "train")
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_optimizer(params, trainable, fake=not initialize) if task == "train" else None
     autocast_dtype = AUTOCAST_DTYPES.get(precision)
     scaler = None
     if task == "train" and precision == "fp16-autocast":
         scaler = torch.amp.GradScaler(device.type)
-    forward_args = inspect.signature(model.forward).parameters
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    forward_args = inspect.signature(base.forward).parameters
     return Built(
         resolved=resolved,
         params=params,
@@ -172,10 +206,14 @@ def build(
         device=device,
         autocast_dtype=autocast_dtype,
         keeps_logits="logits_to_keep" in forward_args,
+        tune=tune,
     )
 
 
-def make_optimizer(params: ModelParams, weights: list[torch.Tensor]) -> torch.optim.Optimizer:
+def make_optimizer(
+    params: ModelParams, weights: list[torch.Tensor], fake: bool = False
+) -> torch.optim.Optimizer:
+    """The spec's optimizer; ``fake``: on fake tensors, bitsandbytes' by its rule."""
     name, impl = params.optimizer, params.optimizer_impl
     options: dict[str, Any] = {}
     if impl == "for-loop":
@@ -191,6 +229,12 @@ def make_optimizer(params: ModelParams, weights: list[torch.Tensor]) -> torch.op
         return torch.optim.Adam(weights, lr=1e-4, **options)
     if name == "adafactor":
         return torch.optim.Adafactor(weights, lr=1e-2, **options)
+    if name == "transformers-adafactor":
+        return finetune.adafactor(weights)
+    if name in ("adamw-8bit", "paged-adamw-8bit", "paged-adamw"):
+        if fake:
+            return rules.BnbAdamWRule(weights, 32 if name == "paged-adamw" else 8, "paged" in name)
+        return finetune.bitsandbytes_optimizer(name, weights)
     return torch.optim.AdamW(weights, lr=1e-4, **options)
 
 
@@ -217,5 +261,11 @@ def make_inputs(
     if kind == "seq2seq-lm" and params.task == "inference":
         inputs["decoder_input_ids"] = ids.clone()
     if train:
-        inputs["labels"] = ids.clone()
+        target = params.target_len
+        if kind == "seq2seq-lm" and target is not None:  # labels as long as the targets
+            inputs["labels"] = (torch.arange(batch * target, device=device) % vocab).reshape(
+                batch, target
+            )
+        else:
+            inputs["labels"] = ids.clone()
     return inputs

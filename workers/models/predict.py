@@ -37,7 +37,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from vramlab.catalog.errors import CatalogError
-from vramlab.catalog.model_zoo import resolve
+from vramlab.catalog.model_zoo import resolve_spec
 from vramlab.contract import Category
 from vramlab.runspec import ModelParams
 from workers.models import cost
@@ -84,11 +84,12 @@ class FakeScaler:
     def __init__(self, device: torch.device) -> None:
         self.scale_value = torch.full((), 65536.0, device=device)
         self.found_inf = torch.zeros((), device=device)
+        self._unscaled = False
 
     def scale(self, loss: torch.Tensor) -> torch.Tensor:
         return loss * self.scale_value
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
+    def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         grads = [
             p.grad
             for group in optimizer.param_groups
@@ -97,7 +98,13 @@ class FakeScaler:
         ]
         inv = self.scale_value.double().reciprocal().float()
         torch._amp_foreach_non_finite_check_and_unscale_(grads, self.found_inf, inv)
+        self._unscaled = True
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self._unscaled:
+            self.unscale_(optimizer)
         optimizer.step()
+        self._unscaled = False
 
     def update(self) -> None:  # the scale stays: no values to judge it by
         return None
@@ -167,7 +174,14 @@ def predict(
     params = ModelParams.of(params)
     started = time.perf_counter()
     traced = trace(params, device_type, allocator)
+    paged = paged_state_bytes(params)
+    if paged:
+        traced.caveats.append(
+            f"the paged optimizer's state ({paged} bytes) lives in CUDA managed memory: not in "
+            "these figures; the driver moves it to the host when the GPU runs short"
+        )
     return {
+        "paged_optimizer_state_bytes": paged,
         "peak_allocated": traced.peak_allocated,
         "peak_reserved": traced.peak_reserved(params.capacity_bytes),
         "categories": {str(k): int(v) for k, v in traced.categories.items()},
@@ -175,6 +189,17 @@ def predict(
         "phase": traced.phase,
         "seconds": round(time.perf_counter() - started, 3),
     }
+
+
+def paged_state_bytes(params: ModelParams) -> int:
+    """What a paged optimizer keeps in managed memory (bitsandbytes' rule,
+    workers/models/rules.py), from the model's trainable parameters on fake tensors."""
+    if params.optimizer not in ("paged-adamw-8bit", "paged-adamw"):
+        return 0
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        built = build(params, torch.device("cpu"), initialize=False)
+        _prime(built)
+    return int(getattr(built.optimizer, "paged_bytes", 0))
 
 
 def trace(
@@ -189,7 +214,7 @@ def trace(
         # PyTorch's default on CUDA is the foreach implementation (for-loop on the CPU).
         params = params.replace(optimizer_impl="foreach")
     new_tokens = params.new_tokens_or_default
-    causal = resolve(params.model, params.head).kind == "causal-lm"
+    causal = resolve_spec(params.model, params.head, params.config_json).kind == "causal-lm"
     settings = _settings(allocator) if cuda else None
     events: Logged = None
     if params.task == "generate" and new_tokens > 2 and causal:
@@ -240,6 +265,7 @@ def _phases(
     params = ModelParams.of(params)
     from workers.models.build import config_of
 
+    params = ModelParams.of(params)
     _, config = config_of(params)
     how = cost.plan(config, params.config_overrides)
     if not how.shallow:

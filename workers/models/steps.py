@@ -32,10 +32,21 @@ def run_step(built: Built, phase: Phase = _no_phase) -> None:
         train_step(built, phase)
     elif built.task == "inference":
         with torch.no_grad(), phase("forward"), built.autocast():
-            out = built.model(**built.inputs)
+            out = built.model(**built.inputs, **inference_kwargs(built))
         del out
     else:
         generate(built, phase)
+
+
+def inference_kwargs(built: Built) -> dict[str, Any]:
+    """The forward's cache and kept logits where the spec sets them (else the model's own
+    defaults: its config's use_cache, all logits)."""
+    kwargs: dict[str, Any] = {}
+    if built.tune.use_cache is not None:
+        kwargs["use_cache"] = built.tune.use_cache
+    if built.tune.logits_to_keep is not None and built.keeps_logits:
+        kwargs["logits_to_keep"] = built.tune.logits_to_keep
+    return kwargs
 
 
 def train_step(built: Built, phase: Phase) -> None:
@@ -59,6 +70,10 @@ def train_step(built: Built, phase: Phase) -> None:
                 loss.backward()
         del loss
     with phase("optimizer"):
+        if built.tune.max_grad_norm is not None:  # Trainer's clipping, before the step
+            if built.scaler is not None:
+                built.scaler.unscale_(built.optimizer)
+            torch.nn.utils.clip_grad_norm_(built.trainable(), built.tune.max_grad_norm)
         if built.scaler is not None:
             built.scaler.step(built.optimizer)
             built.scaler.update()
@@ -73,6 +88,10 @@ def generate(built: Built, phase: Phase) -> None:
     model: Any = built.model
     ids = built.inputs["input_ids"]
     seq2seq = built.resolved.kind == "seq2seq-lm"
+    if built.tune.use_cache is False and not seq2seq:
+        generate_uncached(built, phase)
+        return
+    keep = built.tune.logits_to_keep if built.tune.logits_to_keep is not None else 1
     with torch.no_grad(), built.autocast():
         with phase("prefill"):
             if seq2seq:
@@ -81,7 +100,7 @@ def generate(built: Built, phase: Phase) -> None:
                 start = torch.zeros(ids.shape[0], 1, dtype=ids.dtype, device=ids.device)
                 out = model(encoder_outputs=encoded, decoder_input_ids=start, use_cache=True)
             else:
-                extra = {"logits_to_keep": 1} if built.keeps_logits else {}
+                extra = {"logits_to_keep": keep} if built.keeps_logits else {}
                 out = model(input_ids=ids, use_cache=True, **extra)
             cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
             del out
@@ -99,6 +118,22 @@ def generate(built: Built, phase: Phase) -> None:
                 cache, token = out.past_key_values, out.logits[:, -1:].argmax(-1)
                 del out
     del cache, token
+
+
+def generate_uncached(built: Built, phase: Phase) -> None:
+    """Greedy decoding without a KV cache: every token runs the whole sequence so far."""
+    model: Any = built.model
+    ids = built.inputs["input_ids"]
+    keep = built.tune.logits_to_keep if built.tune.logits_to_keep is not None else 1
+    extra = {"logits_to_keep": keep} if built.keeps_logits else {}
+    with torch.no_grad(), built.autocast():
+        for i in range(built.new_tokens):
+            with phase("prefill" if i == 0 else "decode"):
+                out = model(input_ids=ids, use_cache=False, **extra)
+                token = out.logits[:, -1:].argmax(-1)
+                del out
+                ids = torch.cat([ids, token], dim=1)
+    del ids
 
 
 def _both(first: Phase, second: Phase) -> Phase:

@@ -19,12 +19,14 @@ import torch
 
 from vramlab.runspec import ModelParams
 from workers import sections
+from workers.models import finetune
 from workers.models.build import build
 from workers.models.steps import run_step, tally_step, tokens_per_step
 from workers.models.tally import BLOCK, rounded
 from workers.ops.base import Inputs, Op, OpContext, Outputs
 
 SECTION = "model.step{step}.{phase}.{n}"  # a phase's section; n counts micro-batches
+MAX_NAMES = 64  # trainable parameters named in a result (blocks' indices already folded)
 
 
 def _model(ctx: OpContext) -> ModelParams:
@@ -70,6 +72,7 @@ def _run(inputs: Inputs, ctx: OpContext) -> Outputs:
         run_step(built, phase)
         _sync(device)
         steps.append({"step": step, "wall_s": time.perf_counter() - started})
+    trainable_count, trainable_names = finetune.trainable(built.model)
     ctx.extras["model_run"] = {
         "model": built.resolved.name,
         "model_type": built.resolved.model_type,
@@ -80,6 +83,12 @@ def _run(inputs: Inputs, ctx: OpContext) -> Outputs:
         "optimizer_state_bytes": _bytes(
             [t for t in built.optimizer_state() if t.device == device], device
         ),
+        "trainable_parameter_count": trainable_count,
+        "trainable_parameters": trainable_names[:MAX_NAMES],
+        "paged_optimizer_state_bytes": sum(
+            t.untyped_storage().nbytes() for t in built.paged_state()
+        )
+        or None,
         "batch_size": built.batch_size,
         "tokens_per_step": tokens_per_step(built),
         "phases": phases,

@@ -11,9 +11,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from app.catalog import finetune
 from app.catalog.families.common import Params, Shape
 from app.catalog.model import CatalogError, OpEntry, Param, TensorPlan
-from vramlab.catalog.model_zoo import UnknownModel, resolve
+from vramlab.catalog.model_zoo import UnknownModel, resolve_spec
 from vramlab.runspec import (
     DEFAULT_NEW_TOKENS,
     MODEL_OP,
@@ -28,6 +29,8 @@ _IMPLS = {
     "adam": ("default", "for-loop", "foreach", "fused"),
     "adamw": ("default", "for-loop", "foreach", "fused"),
     "adafactor": ("default", "for-loop", "foreach"),
+    "transformers-adafactor": ("default",),
+    **{name: ("default",) for name in finetune.CUDA_OPTIMIZERS},
 }
 # Config names that bound the sequence length, by what transformers calls them.
 _POSITION_KEYS = ("n_positions", "max_position_embeddings")
@@ -39,12 +42,14 @@ MODEL_CAVEAT = (
 )
 
 
-def check_model(params: Params) -> None:
+def check_model(params: Params, device: str | None = None) -> None:
     """Cross-field rules of a model spec; raise CatalogError naming the field at fault."""
+    config_json = params.get("config_json")
     try:
-        resolved = resolve(params["model"], params["head"])
+        resolved = resolve_spec(params["model"], params["head"], config_json)
     except UnknownModel as exc:
-        raise CatalogError("params.model", str(exc)) from None
+        field = "params.model" if config_json is None else "params.config_json"
+        raise CatalogError(field, str(exc)) from None
     task, kind = params["task"], resolved.kind
     image = kind == "image-classification"
     if task == "generate" and kind not in ("causal-lm", "seq2seq-lm"):
@@ -80,6 +85,7 @@ def check_model(params: Params) -> None:
             "params.optimizer_impl",
             f"{optimizer} has no {impl} implementation; it has {', '.join(_IMPLS[optimizer])}",
         )
+    finetune.check_finetune(params, kind, device)
     config = {**resolved.config, **(params["config"] or {})}
     limit = next((config[k] for k in _POSITION_KEYS if k in config), None)
     limit = limit or _POSITIONS_DEFAULT.get(resolved.model_type)
@@ -99,7 +105,7 @@ def _plan(shape: Shape, params: Params, dtype: str, device: str) -> TensorPlan:
         raise CatalogError(
             "shape", "a model experiment takes shape []: batch_size and seq_len are params"
         )
-    check_model(params)
+    check_model(params, device)
     return TensorPlan(inputs=(), outputs=(), caveats=(MODEL_CAVEAT,))
 
 
@@ -129,5 +135,6 @@ ENTRIES = (
         dtypes=("float32",),
         devices=("cpu", "cuda"),
         tags=("model",),
+        normalize=finetune.normalize,
     ),
 )

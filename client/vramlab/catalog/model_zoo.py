@@ -284,6 +284,60 @@ class UnknownModel(ValueError):
     pass
 
 
+# A config.json's architecture names end in the Auto class's head.
+_ARCHITECTURE_KINDS: tuple[tuple[str, Kind], ...] = (
+    ("ForCausalLM", "causal-lm"),
+    ("LMHeadModel", "causal-lm"),
+    ("ForMaskedLM", "masked-lm"),
+    ("ForConditionalGeneration", "seq2seq-lm"),
+    ("ForSeq2SeqLM", "seq2seq-lm"),
+    ("ForImageClassification", "image-classification"),
+)
+# What a config.json holds that the build skips (written by transformers, harmless here).
+CONFIG_JSON_SKIPPED = (
+    "model_type",
+    "architectures",
+    "torch_dtype",
+    "dtype",
+    "transformers_version",
+    "_name_or_path",
+    "_attn_implementation_autoset",
+)
+
+
+def resolve_spec(
+    name: str | None, head: str | None = None, config_json: dict[str, Any] | None = None
+) -> Resolved:
+    """A spec's model: ``name`` resolved, or a whole config.json (its model_type, and its
+    architectures' head unless ``head`` names one); ``name`` then only labels it."""
+    if config_json is None:
+        if name is None:
+            raise UnknownModel("give a model (a preset or a model_type) or a config_json")
+        return resolve(name, head)
+    model_type = str(config_json.get("model_type"))
+    kinds = kinds_of(model_type)
+    if not kinds:
+        raise UnknownModel(
+            f"config_json's model_type {model_type!r} is not one transformers' Auto classes "
+            f"build here (GET /v1/catalog/models lists them)"
+        )
+    if head is None:
+        for arch in config_json.get("architectures") or []:
+            found = [k for suffix, k in _ARCHITECTURE_KINDS if str(arch).endswith(suffix)]
+            if found and found[0] in kinds:
+                head = found[0]
+                break
+    kind: Kind = kinds[0]
+    if head is not None:
+        if head not in kinds:
+            raise UnknownModel(
+                f"transformers builds {model_type!r} as {', '.join(kinds)}, not {head}"
+            )
+        kind = head
+    config = {k: v for k, v in config_json.items() if k not in CONFIG_JSON_SKIPPED}
+    return Resolved(name or f"{model_type} (config.json)", model_type, kind, config, None)
+
+
 def resolve(name: str, head: str | None = None) -> Resolved:
     """A preset name, a hub checkpoint's name (its preset), or a transformers model_type."""
     preset = PRESETS.get(HUB_NAMES.get(name, name))

@@ -41,6 +41,14 @@ def spec_of(args: argparse.Namespace) -> dict[str, Any]:
     spec.update({k: v for k, v in flags.items() if v is not None})
     if args.shape:
         spec["shape"] = _shape(args.shape)
+    config = getattr(args, "config", None)
+    if config:  # a model's own config.json, inline: the model is what it describes
+        try:
+            document = json.loads(Path(config).read_text())
+        except (OSError, ValueError) as exc:
+            raise ClientError(f"--config {config}: not a readable JSON file ({exc})") from None
+        spec.setdefault("op", "model")
+        spec.setdefault("params", {})["config_json"] = document
     for item in args.param or []:
         key, _, text = item.partition("=")
         spec.setdefault("params", {})[key] = param_value(key, text)
@@ -171,6 +179,9 @@ def register_submit(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int)
     isolation_arg(p)
     p.add_argument("--param", action="append", help="KEY=VALUE (VALUE as JSON); repeatable")
+    p.add_argument(
+        "--config", help="a model's config.json (sent inline as params.config_json; op model)"
+    )
     p.add_argument("--tag", action="append")
     wait_args(p)
     p.set_defaults(func=reported(cmd_submit))

@@ -1,0 +1,1 @@
+"""Plans (``POST /v1/plans``): will a model's step fit these GPUs, predicted, nothing run."""

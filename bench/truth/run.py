@@ -1,0 +1,219 @@
+"""Fine-tuning knobs against independent truth, on a GPU host: each case runs as a plain
+script (bench/truth/plain.py, no vramlab code, a fresh process), then through vramlab's
+worker (a fresh child, as a real experiment) and its predictor (fake tensors), all in
+the same machine session. Prints a table and writes the figures as JSON:
+
+    PYTHONPATH=. python -m bench.truth.run [--only NAME ...] [--out truth.json]
+
+Columns: the plain step-2 peak, vramlab's measured step-2 peak and its predicted peak
+(allocated bytes), their errors against the plain peak, and whether parameters,
+gradients and optimizer state equal the plain script's to the byte.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from app.catalog import plan_spec
+from vramlab.catalog.model_zoo import resolve
+
+HERE = Path(__file__).resolve().parent
+MiB = 2**20
+
+LORA = {"alpha": 16, "dropout": 0.0, "target_modules": "all-linear"}
+# name: vramlab's params (as a user submits them, device cuda)
+CASES: dict[str, dict[str, Any]] = {
+    "lora-r8-llama1b": {
+        "model": "llama-1b",
+        "precision": "bf16",
+        "batch_size": 4,
+        "seq_len": 512,
+        "peft": {"r": 8, **LORA},
+    },
+    "lora-r64-llama1b": {
+        "model": "llama-1b",
+        "precision": "bf16",
+        "batch_size": 4,
+        "seq_len": 512,
+        "peft": {"r": 64, **LORA},
+    },
+    "qlora-llama8b": {
+        "model": "llama-8b",
+        "precision": "bf16",
+        "batch_size": 1,
+        "seq_len": 512,
+        "quantization": {"method": "nf4", "double_quant": True, "compute_dtype": "bf16"},
+        "peft": {"r": 16, **LORA},
+    },
+    "adamw8bit-llama1b": {
+        "model": "llama-1b",
+        "precision": "bf16",
+        "batch_size": 2,
+        "seq_len": 512,
+        "optimizer": "adamw-8bit",
+    },
+    "paged-adamw8bit-llama1b": {
+        "model": "llama-1b",
+        "precision": "bf16",
+        "batch_size": 2,
+        "seq_len": 512,
+        "optimizer": "paged-adamw-8bit",
+    },
+    "liger-llama1b": {
+        "model": "llama-1b",
+        "precision": "bf16",
+        "batch_size": 2,
+        "seq_len": 1024,
+        "loss": "liger",
+    },
+    "dropout-gpt2": {"model": "gpt2", "batch_size": 8, "seq_len": 512},
+    "t5-short-targets": {"model": "t5-base", "batch_size": 8, "seq_len": 512, "target_len": 64},
+    "trainer-gpt2": {
+        "model": "gpt2",
+        "seq_len": 512,
+        "trainer": {
+            "per_device_train_batch_size": 4,
+            "gradient_accumulation_steps": 2,
+            "bf16": True,
+            "optim": "adamw_torch_fused",
+            "max_grad_norm": 1.0,
+        },
+    },
+}
+
+
+def truth_case(params: dict[str, Any]) -> dict[str, Any]:
+    """What the plain script needs: the config as plain data, nothing of vramlab's (the
+    spec's knobs as the API writes them out: LoRA's defaults filled in)."""
+    params, _ = plan_spec("model", (), params, "float32", "cuda:0")
+    resolved = resolve(params["model"])
+    case = {
+        "model_type": resolved.model_type,
+        "kind": resolved.kind,
+        "config": {**resolved.config, **(params.get("config") or {})},
+        "precision": params["precision"] if params["precision"] in ("bf16", "fp16") else "fp32",
+        "batch_size": params.get("batch_size", 1),
+        "seq_len": params.get("seq_len", 128),
+    }
+    for key in ("peft", "quantization", "optimizer", "target_len", "dropout", "trainer"):
+        if params.get(key) is not None:
+            case[key] = params[key]
+    if params.get("loss") == "liger":
+        case["liger"] = True
+    if params.get("checkpointing"):
+        case["checkpointing"] = True
+    return case
+
+
+def plain(params: dict[str, Any]) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, str(HERE / "plain.py"), json.dumps(truth_case(params))],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    if done.returncode != 0:
+        return {"error": done.stderr.strip().splitlines()[-1:] or ["failed"]}
+    answer: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return answer
+
+
+def vramlab(params: dict[str, Any]) -> dict[str, Any]:
+    """vramlab's worker (a fresh child) and predictor for the same spec."""
+    from vramlab.runspec import RunSpec
+    from workers.models.predict import predict
+    from workers.runner import Runner
+
+    checked, plan = plan_spec("model", (), params, "float32", "cuda:0")
+    spec = {
+        "op": "model",
+        "shape": [],
+        "params": checked,
+        "dtype": "float32",
+        "device": "cuda:0",
+        "warmup": 0,
+        "repeat": 1,
+        "timeout_s": 900.0,
+        "allocator": {},
+        "trace": "none",
+        "prediction": plan.prediction("cuda:0"),
+    }
+    runner = Runner()
+    runner.start()
+    try:
+        outcome = runner.run(RunSpec.from_wire(spec))
+    finally:
+        runner.close()
+    out: dict[str, Any] = {"predicted": predict(checked, "cuda")}
+    if outcome.status != "succeeded" or outcome.result is None:
+        out["error"] = str(outcome.error)[:300]
+        return out
+    out["measured"] = outcome.result["model"]
+    return out
+
+
+def error(value: int | None, truth: int | None) -> str:
+    if value is None or not truth:
+        return "-"
+    return f"{100 * (value - truth) / truth:+.2f}%"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--only", nargs="*", help="case names (default: all)")
+    parser.add_argument("--out", default="truth.json")
+    args = parser.parse_args()
+    rows = []
+    record = {}
+    for name, params in CASES.items():
+        if args.only and name not in args.only:
+            continue
+        truth = plain(params)
+        ours = vramlab(params)
+        record[name] = {"params": params, "plain": truth, "vramlab": ours}
+        measured = (ours.get("measured") or {}).get("peak_allocated")
+        predicted = ours["predicted"].get("peak_allocated")
+        peak = truth.get("peak_step2")
+        m = ours.get("measured") or {}
+        same = all(
+            truth.get(a) == m.get(b)
+            for a, b in (
+                ("parameters", "parameter_bytes"),
+                ("gradients", "gradient_bytes"),
+                ("optimizer_state", "optimizer_state_bytes"),
+            )
+        )
+        rows.append(
+            (
+                name,
+                f"{peak / MiB:.1f}" if peak else str(truth.get("error")),
+                f"{measured / MiB:.1f}" if measured else str(ours.get("error", "-"))[:40],
+                f"{predicted / MiB:.1f}" if predicted else "-",
+                error(measured, peak),
+                error(predicted, peak),
+                "yes" if same and peak else "NO",
+            )
+        )
+        print(json.dumps({name: record[name]}), file=sys.stderr, flush=True)
+    header = (
+        "case",
+        "truth MiB",
+        "measured MiB",
+        "predicted MiB",
+        "meas err",
+        "pred err",
+        "p/g/o equal",
+    )
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)))
+    Path(args.out).write_text(json.dumps(record, indent=1))
+
+
+if __name__ == "__main__":
+    main()

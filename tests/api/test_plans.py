@@ -1,0 +1,209 @@
+"""Plans and the GPU catalog through HTTP: a plan predicts and runs nothing, so it needs no
+worker and ignores the experiment cap; names resolve loosely; its edges agree with the
+predictor's own figures; what would make a step fit comes ranked by bytes saved."""
+
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.conftest import LiveServer, make_settings
+from tests.helpers import CUDA_CAPS, register
+
+pytest.importorskip("transformers")
+
+GiB = 2**30
+MiB = 2**20
+TINY = {"op": "model", "params": {"model": "tiny-gpt2", "seq_len": 32, "batch_size": 4}}
+
+
+def _plan(client: httpx.Client, **body: Any) -> dict[str, Any]:
+    # The first plan of a server starts its predictor (torch imported): slow on a busy
+    # machine, as tracing around edges is.
+    r = client.post("/v1/plans", json={"spec": TINY, **body}, timeout=300)
+    assert r.status_code == 200, r.text
+    out: dict[str, Any] = r.json()
+    return out
+
+
+def test_gpus_lists_the_cards_teams_use_with_usable_memory(client: httpx.Client) -> None:
+    r = client.get("/v1/gpus")
+    assert r.status_code == 200, r.text
+    cards = {c["name"]: c for c in r.json()["items"]}
+    for name in ("H100 SXM 80GB", "H100 PCIe 80GB", "H200 141GB", "A100 40GB", "A100 80GB",
+                 "L40S 48GB", "L4 24GB", "A10G 24GB", "RTX 4090 24GB", "RTX 3090 24GB",
+                 "T4 16GB", "V100 16GB", "V100 32GB"):  # fmt: skip
+        card = cards[name]
+        assert 0 < card["usable_bytes"] < card["total_bytes"]
+        assert card["overhead_bytes"] == card["total_bytes"] - card["usable_bytes"]
+        assert card["source"]
+        assert card["bf16"] == card["flash_attention"] == (card["compute_capability"] >= "8.0")
+    assert cards["H100 SXM 80GB"]["usable_source"] == "measured"
+    assert cards["H200 141GB"]["usable_source"] == "placeholder"
+    assert cards["H100 SXM 80GB"]["cublas_workspace_bytes"] == 32 * MiB
+    assert cards["T4 16GB"]["bf16"] is False
+    assert cards["RTX 4090 24GB"]["compute_capability"] == "8.9"
+
+
+def test_a_live_workers_gpu_is_listed_and_can_be_planned_for(client: httpx.Client) -> None:
+    register(client, CUDA_CAPS)  # one "NVIDIA H100 80GB HBM3" of 80 GiB
+    items = client.get("/v1/gpus").json()["items"]
+    mine = [c for c in items if c["from_worker"]]
+    assert [(c["name"], c["total_bytes"]) for c in mine] == [("NVIDIA H100 80GB HBM3", 80 * GiB)]
+    plan = _plan(client, gpus=["NVIDIA H100 80GB HBM3"], suggest=False, verify=False)
+    assert plan["answers"][0]["gpu"]["total_bytes"] == 80 * GiB
+
+
+def test_a_plan_answers_for_gpus_and_a_capacity_without_any_worker(
+    database_url: str,
+) -> None:
+    # A cap far below the cards asked about: it bounds what runs, not what is predicted.
+    settings = make_settings(database_url, max_experiment_bytes=64 * MiB)
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=120) as client:
+        plan = _plan(client, gpus=["4090", "h100"], capacity_bytes=24 * MiB, verify=False)
+    assert plan["predicted"] is True and plan["device"] == "cuda"
+    names = [a["gpu"]["name"] for a in plan["answers"]]
+    assert names == ["RTX 4090 24GB", "H100 SXM 80GB", "24.0 MiB (capacity_bytes)"]
+    for a in plan["answers"]:
+        p = a["prediction"]
+        assert p["peak_allocated"] == sum(p["categories"].values())
+        assert p["peak_reserved"] >= p["peak_allocated"]
+        assert a["headroom_bytes"] == a["gpu"]["usable_bytes"] - p["peak_reserved"]
+        assert a["fits"] == (a["headroom_bytes"] >= 0)
+        assert a["variant"]["value"] == 4
+    emulated = plan["answers"][2]
+    assert emulated["gpu"]["usable_bytes"] == 24 * MiB  # no overhead taken off a given size
+    assert plan["answers"][0]["predicted_max_fitting"] > 4
+
+
+def test_a_verified_edge_is_where_the_predictor_says_the_step_stops_fitting(
+    server: LiveServer,
+) -> None:
+    # Each value around the edge is traced: slow on a busy machine.
+    with httpx.Client(base_url=server.url, timeout=120) as client:
+        capacity = 90 * MiB  # tiny-gpt2 at 32 tokens: 74 MiB reserved at batch 8, 96 at 16
+        quick = _plan(client, capacity_bytes=capacity, suggest=False, verify=False)["answers"][0]
+        assert quick["edge"] == "estimated" and quick["predicted_max_fitting"] >= 0
+        assert "line" in quick["note"]
+        answer = _plan(client, capacity_bytes=capacity, suggest=False, verify=True)["answers"][0]
+        edge = answer["predicted_max_fitting"]
+        assert answer["edge"] == "traced" and edge > 4
+
+        def fits(batch: int) -> bool:
+            spec = {**TINY, "params": {**TINY["params"], "batch_size": batch}}
+            body = {"spec": spec, "capacity_bytes": capacity, "suggest": False, "verify": True}
+            r = client.post("/v1/plans", json=body)
+            assert r.status_code == 200, r.text
+            value: bool = r.json()["answers"][0]["fits"]
+            return value
+
+        assert fits(edge) and not fits(edge + 1)
+
+
+def test_variants_and_suggestions_ranked_by_bytes_saved(client: httpx.Client) -> None:
+    plan = _plan(
+        client,
+        capacity_bytes=16 * MiB,
+        variants=[{}, {"checkpointing": True}],
+    )
+    assert [a["variant"]["label"] for a in plan["answers"]] == ["as given", "checkpointing=True"]
+    plain, ckpt = plan["answers"]
+    assert ckpt["prediction"]["peak_reserved"] <= plain["prediction"]["peak_reserved"]
+    assert not plain["fits"]
+    saved = [s["bytes_saved"] for s in plan["suggestions"]]
+    assert saved and saved == sorted(saved, reverse=True) and min(saved) > 0
+    for s in plan["suggestions"]:
+        assert s["peak_reserved"] == plain["prediction"]["peak_reserved"] - s["bytes_saved"]
+        assert s["makes_fit"] in ([], ["16.0 MiB (capacity_bytes)"])
+
+
+def test_a_plan_varies_the_sequence_length_up_to_the_models_positions(
+    client: httpx.Client,
+) -> None:
+    plan = _plan(client, capacity_bytes=2**40, vary="seq_len", suggest=False)
+    answer = plan["answers"][0]
+    assert answer["predicted_max_fitting"] == 256  # tiny-gpt2 has 256 positions
+    assert "allows" in answer["note"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"gpus": ["no such card"]}, "gpus[0]"),
+        ({}, "gpus"),
+        ({"gpus": ["h100"], "spec": {"op": "add", "params": {}}}, "spec.op"),
+        ({"gpus": ["h100"], "spec": {**TINY, "device": "cpu"}}, "spec.device"),
+        ({"gpus": ["h100"], "variants": [{"capacity_bytes": 5}]}, "variants[0].capacity_bytes"),
+        ({"gpus": ["h100"], "variants": [{"micro_batches": 3}]}, "variants[0].micro_batches"),
+        ({"gpus": ["h100"] * 8, "variants": [{}] * 5}, "variants"),
+    ],
+)
+def test_a_plan_that_cannot_be_answered_is_a_422_naming_its_field(
+    client: httpx.Client, body: dict[str, Any], field: str
+) -> None:
+    r = client.post("/v1/plans", json={"spec": TINY, **body})
+    assert r.status_code == 422, r.text
+    fields = [d["field"] for d in r.json()["error"]["details"]]
+    assert field in fields, r.text
+
+
+def test_the_plan_and_gpus_commands_print_readable_tables(
+    server: LiveServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from vramlab.cli import main
+
+    args = ["--api", server.url]
+    assert main(["gpus", *args]) == 0
+    out = capsys.readouterr().out
+    assert "RTX 4090 24GB" in out and "placeholder" in out and "8.9" in out
+    code = main(
+        ["plan", "tiny-gpt2", "--batch", "4", "--seq", "32", "--gpu", "4090",
+         "--capacity", "16MiB", "--variant", "micro_batches=2", "--quick", *args]
+    )  # fmt: skip
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "predicted for cuda, nothing ran" in out
+    assert "RTX 4090 24GB" in out and "yes," in out and "NO," in out and "short" in out
+    assert "micro_batches=2" in out and "max batch_size" in out
+    assert "what would make it fit" in out
+    assert main(["plan", "tiny-gpt2", "--gpu", "no such card", *args]) == 1
+    assert "gpus[0]" in capsys.readouterr().err
+
+
+def test_a_fit_for_a_gpu_no_worker_has_points_to_the_plan_that_answers_now(
+    client: httpx.Client,
+) -> None:
+    spec = {"op": "model", "params": {"model": "gpt2", "batch_size": 16, "seq_len": 1024}}
+    body = {"spec": spec, "requirements": {"gpu_name": "RTX 4090"}}
+    r = client.post("/v1/fits", json=body)
+    assert r.status_code == 422, r.text
+    message = r.json()["error"]["details"][0]["message"]
+    assert 'vramlab plan gpt2 --batch 16 --seq 1024 --gpu "RTX 4090"' in message
+
+
+def test_the_plan_page_draws_each_answer_against_the_cards_usable_memory(
+    client: httpx.Client,
+) -> None:
+    form = {
+        "model": "tiny-gpt2",
+        "batch": "4",
+        "seq": "32",
+        "gpus": "4090",
+        "capacity": "16MiB",
+        "variants": "micro_batches=2",
+        "quick": "on",  # a 24 GB card's edge for a tiny model is in the thousands
+    }
+    page = client.get("/ui/plan", params=form, timeout=300)
+    assert page.status_code == 200, page.text
+    html = page.text
+    assert "predicted for cuda" in html and "nothing ran" in html
+    assert html.count("<svg") == 4  # 2 cards x 2 variants
+    assert "RTX 4090 24GB" in html and "16.0 MiB (capacity_bytes)" in html
+    assert "does not fit" in html and "short" in html and "spare" in html
+    assert "What would make it fit" in html
+    assert 'id="plan-error"' not in html
+    wrong = client.get("/ui/plan", params={**form, "gpus": "no such card"}, timeout=300)
+    assert wrong.status_code == 200
+    assert 'id="plan-error"' in wrong.text and "gpus[0]" in wrong.text
+    empty = client.get("/ui/plan")
+    assert empty.status_code == 200 and 'id="plan-form"' in empty.text

@@ -1,0 +1,91 @@
+"""The step as the user runs it, on the CPU through the worker's runner: dropout as the
+config has it (masks kept), short seq2seq targets, the inference cache and kept logits;
+each measured and predicted on fake tensors, and the two agree."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.workers.conftest import build_spec
+from workers.runner import Runner
+
+pytest.importorskip("transformers")
+
+
+def measured_and_predicted(runner: Runner, **params: Any) -> tuple[dict[str, Any], int]:
+    from workers.models.predict import predict
+
+    spec = build_spec("model", [], params, warmup=0, repeat=1, timeout_s=120.0)
+    outcome = runner.run(spec)
+    assert outcome.status == "succeeded", outcome.error
+    assert outcome.result is not None
+    return outcome.result, predict(spec["params"], "cpu")["peak_allocated"]
+
+
+def close(predicted: int, measured: int, within: float = 0.01) -> bool:
+    return abs(predicted - measured) <= within * measured
+
+
+GPT2 = {"model": "tiny-gpt2", "batch_size": 4, "seq_len": 32}
+
+
+def test_training_keeps_the_configs_dropout_masks_and_the_prediction_follows(
+    runner: Runner,
+) -> None:
+    on, predicted_on = measured_and_predicted(runner, **GPT2)
+    off, predicted_off = measured_and_predicted(runner, **GPT2, dropout=0.0)
+    assert on["model"]["peak_allocated"] > off["model"]["peak_allocated"]
+    assert on["categories"]["activations"] > off["categories"]["activations"]
+    assert close(predicted_on, on["model"]["peak_allocated"])
+    assert close(predicted_off, off["model"]["peak_allocated"])
+
+
+def test_a_seq2seq_step_with_short_targets_is_smaller_and_predicted(runner: Runner) -> None:
+    params = {"model": "tiny-t5", "batch_size": 4, "seq_len": 64}
+    long, _ = measured_and_predicted(runner, **params)
+    short, predicted = measured_and_predicted(runner, **params, target_len=8)
+    assert short["model"]["peak_allocated"] < long["model"]["peak_allocated"]
+    assert close(predicted, short["model"]["peak_allocated"])
+
+
+def test_inference_without_the_cache_and_with_one_logit_is_smaller_and_predicted(
+    runner: Runner,
+) -> None:
+    params = {"model": "tiny-llama", "task": "inference", "batch_size": 4, "seq_len": 64}
+    default, _ = measured_and_predicted(runner, **params)
+    lean, predicted = measured_and_predicted(runner, **params, use_cache=False, logits_to_keep=1)
+    assert lean["model"]["peak_allocated"] < default["model"]["peak_allocated"]
+    assert close(predicted, lean["model"]["peak_allocated"], 0.02)
+
+
+def test_generation_without_a_cache_reruns_the_sequence_and_is_predicted(runner: Runner) -> None:
+    result, predicted = measured_and_predicted(
+        runner,
+        model="tiny-llama",
+        task="generate",
+        batch_size=2,
+        seq_len=16,
+        new_tokens=4,
+        use_cache=False,
+    )
+    assert close(predicted, result["model"]["peak_allocated"])
+
+
+def test_a_config_json_builds_the_model_it_describes(runner: Runner) -> None:
+    from vramlab.catalog.model_zoo import PRESETS
+
+    config_json = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "torch_dtype": "bfloat16",
+        "transformers_version": "4.45.0",
+        **PRESETS["tiny-llama"].config,
+    }
+    shape = {"task": "inference", "batch_size": 2, "seq_len": 16}
+    preset, _ = measured_and_predicted(runner, model="tiny-llama", **shape)
+    inline, predicted = measured_and_predicted(runner, config_json=config_json, **shape)
+    assert inline["model"]["peak_allocated"] == preset["model"]["peak_allocated"]
+    assert inline["model"]["parameter_count"] == preset["model"]["parameter_count"]
+    assert close(predicted, inline["model"]["peak_allocated"])

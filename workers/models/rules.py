@@ -1,0 +1,215 @@
+"""Stand-ins on fake tensors for what has no fake-tensor implementation: bitsandbytes'
+8-bit and paged AdamW, its 4-bit (NF4) and 8-bit (LLM.int8) linear layers, and Liger's
+fused linear cross-entropy. Each makes the tensors its library makes, of the same sizes
+and lifetimes, as documented below; the rest of the step is traced as it runs. The
+worker runs the real libraries (CUDA); bench/truth/ checks these rules against them.
+
+- AdamW8bit (bitsandbytes' Optimizer2State.init_state): per parameter of at least
+  4096 elements, two uint8 moments (2 bytes per element) and two float32 absmax per
+  block of ``BNB_OPTIM_BLOCK`` elements; smaller parameters keep two float32 moments; two
+  256-entry float32 quantization maps per optimizer. The update is one in-place kernel.
+- Paged (``is_paged``): each moment of at least 100,000 elements lives in CUDA managed
+  memory (``cudaMallocManaged``): the caching allocator does not count it, and the driver
+  pages it to the host when the GPU runs short. It is reported apart, never in the peak.
+- NF4 (Linear4bit): the weight packed two per byte; an absmax per 64 elements (float32,
+  or with double quantisation uint8 plus a float32 per 256 of them and a 256-entry code);
+  a 16-entry code per layer. Forward and backward each dequantize the whole weight in the
+  compute dtype for the matmul and free it.
+- LLM.int8 (Linear8bitLt): int8 weight and a float32 scale per output row; the forward
+  quantizes its input to int8 (with float32 row scales) and multiplies into int32; the
+  backward dequantizes the weight in the compute dtype.
+- Liger's fused linear cross-entropy: no logits of the whole batch. The input's gradient
+  (and the head's, if trained) is made in the forward, chunk by chunk: ``chunk x vocab``
+  logits at a time, chunk = the next power of two of tokens / ceil(vocab / hidden).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from types import SimpleNamespace
+from typing import Any
+
+import torch
+
+BNB_OPTIM_BLOCK = 2048  # bitsandbytes' blockwise optimizer state: one absmax per block
+BNB_MIN_8BIT = 4096
+BNB_PAGED_MIN = 100_000
+NF4_BLOCK = 64
+NF4_DOUBLE_BLOCK = 256
+
+
+class BnbAdamWRule(torch.optim.Optimizer):
+    """bitsandbytes' AdamW (8- or 32-bit state, paged or not) as its bytes."""
+
+    def __init__(self, params: Iterable[torch.Tensor], bits: int, paged: bool) -> None:
+        super().__init__(params, {"lr": 1e-4})
+        self.bits, self.paged = bits, paged
+        self.paged_bytes = 0
+        self._qmaps: list[torch.Tensor] = []
+
+    def _buffer(self, p: torch.Tensor, dtype: torch.dtype) -> torch.Tensor | None:
+        if self.paged and p.numel() >= BNB_PAGED_MIN:
+            self.paged_bytes += p.numel() * dtype.itemsize
+            return None  # managed memory: not the allocator's
+        return torch.zeros_like(p, dtype=dtype)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None or self.state[p]:
+                    continue  # the update itself is in place
+                state = self.state[p]
+                eight = self.bits == 8 and p.numel() >= BNB_MIN_8BIT
+                dtype = torch.uint8 if eight else torch.float32
+                for name in ("state1", "state2"):
+                    buffer = self._buffer(p, dtype)
+                    if buffer is not None:
+                        state[name] = buffer
+                if eight:
+                    if not self._qmaps:
+                        self._qmaps = [torch.zeros(256, device=p.device) for _ in range(2)]
+                    state["qmap1"], state["qmap2"] = self._qmaps
+                    blocks = math.ceil(p.numel() / BNB_OPTIM_BLOCK)
+                    state["absmax1"] = torch.zeros(blocks, device=p.device)
+                    state["absmax2"] = torch.zeros(blocks, device=p.device)
+
+
+# -- quantized linear layers ---------------------------------------------------------------
+
+
+class _Dequantized(torch.autograd.Function):
+    """y = x W^T with W dequantized for the matmul (and again for the input's gradient)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, out_features: int, dtype: torch.dtype) -> torch.Tensor:
+        ctx.shape, ctx.dtype = (out_features, x.shape[-1]), dtype
+        weight = torch.empty(ctx.shape, dtype=dtype, device=x.device)
+        return x @ weight.t()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        weight = torch.empty(ctx.shape, dtype=ctx.dtype, device=grad.device)
+        return grad @ weight, None, None
+
+
+class _Int8(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, out_features: int, dtype: torch.dtype) -> torch.Tensor:
+        ctx.shape, ctx.dtype = (out_features, x.shape[-1]), dtype
+        rows = x.reshape(-1, x.shape[-1])
+        quantized = torch.empty_like(rows, dtype=torch.int8)
+        scales = torch.empty(rows.shape[0], dtype=torch.float32, device=x.device)
+        product = torch.empty(rows.shape[0], out_features, dtype=torch.int32, device=x.device)
+        del quantized, scales
+        out = product.to(dtype).reshape(*x.shape[:-1], out_features)
+        del product
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        weight = torch.empty(ctx.shape, dtype=ctx.dtype, device=grad.device)
+        return grad @ weight, None, None
+
+
+class QuantizedLinear(torch.nn.Linear):
+    """A linear layer whose weight is stored as bitsandbytes stores it (frozen)."""
+
+    def __init__(self, linear: torch.nn.Linear, method: str, double: bool, dtype: torch.dtype):
+        torch.nn.Module.__init__(self)
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.method, self.compute_dtype = method, dtype
+        n, device = linear.weight.numel(), linear.weight.device
+        if method == "nf4":
+            packed = torch.empty(math.ceil(n / 2), 1, dtype=torch.uint8, device=device)
+            blocks = math.ceil(n / NF4_BLOCK)
+            if double:
+                stats = [
+                    torch.empty(blocks, dtype=torch.uint8, device=device),
+                    torch.empty(math.ceil(blocks / NF4_DOUBLE_BLOCK), device=device),
+                    torch.empty(256, device=device),
+                ]
+            else:
+                stats = [torch.empty(blocks, device=device)]
+            stats.append(torch.empty(16, device=device))  # the NF4 code
+        else:
+            packed = torch.empty(linear.weight.shape, dtype=torch.int8, device=device)
+            stats = [torch.empty(self.out_features, device=device)]
+        self.weight = torch.nn.Parameter(packed, requires_grad=False)
+        for i, stat in enumerate(stats):
+            self.register_buffer(f"quant_state_{i}", stat)
+        self.bias = linear.bias
+        if self.bias is not None:
+            self.bias.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        fn = _Dequantized if self.method == "nf4" else _Int8
+        out = fn.apply(x.to(self.compute_dtype), self.out_features, self.compute_dtype)
+        if self.bias is not None:
+            out = out + self.bias.to(self.compute_dtype)
+        return out.to(x.dtype)
+
+
+def quantize(model: torch.nn.Module, method: str, double: bool, dtype: torch.dtype) -> None:
+    """Every linear layer but the output head quantized (as transformers' bitsandbytes
+    integration leaves the head), the rest frozen and, as peft's
+    prepare_model_for_kbit_training does, cast to float32."""
+    lm: Any = model
+    head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, torch.nn.Linear) and child is not head:
+                setattr(parent, name, QuantizedLinear(child, method, double, dtype))
+    for module in model.modules():
+        if isinstance(module, QuantizedLinear):
+            continue
+        for param in module.parameters(recurse=False):
+            param.requires_grad_(False)
+            if param.dtype in (torch.float16, torch.bfloat16):
+                param.data = param.data.to(torch.float32)  # tied weights stay tied
+
+
+# -- Liger's fused linear cross-entropy -------------------------------------------------
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        tokens, width = hidden.shape
+        vocab = weight.shape[0]
+        chunk = 1 << max(0, math.ceil(math.log2(math.ceil(tokens / math.ceil(vocab / width)))))
+        grad_weight = torch.zeros_like(weight) if ctx.needs_input_grad[1] else None
+        grad_input = torch.zeros_like(hidden)
+        losses = torch.zeros(tokens, dtype=torch.float32, device=hidden.device)
+        for start in range(0, tokens, chunk):
+            part = hidden[start : start + chunk]
+            logits = part @ weight.t()  # its gradient is written over it, in place
+            grad_input[start : start + chunk] = logits @ weight
+            if grad_weight is not None:
+                torch.addmm(grad_weight, logits.t(), part, out=grad_weight)
+            del logits
+        loss = losses.sum() / tokens
+        del losses
+        ctx.save_for_backward(grad_input, *(() if grad_weight is None else (grad_weight,)))
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        saved = ctx.saved_tensors
+        return saved[0], saved[1] if len(saved) > 1 else None
+
+
+def liger_forward(model: Any) -> Any:
+    """The causal LM's forward as Liger's patch makes it (the loss fused with the head)."""
+    base, head = model.get_decoder(), model.get_output_embeddings()
+
+    def forward(input_ids: torch.Tensor, labels: torch.Tensor, **kwargs: Any) -> Any:
+        hidden = base(input_ids=input_ids, **kwargs).last_hidden_state
+        padded = torch.nn.functional.pad(labels, (0, 1), value=-100)
+        shifted = padded[..., 1:].contiguous()
+        del padded, shifted  # the kernel reads them; no tensor of the step's size
+        flat = hidden.reshape(-1, hidden.shape[-1])
+        return SimpleNamespace(loss=_FusedLinearCrossEntropy.apply(flat, head.weight))
+
+    return forward
