@@ -10,6 +10,9 @@ from tests.conftest import LiveServer, make_settings
 from tests.helpers import CPU_CAPS, register
 
 pytest.importorskip("transformers")
+# The first prediction starts the predictor (torch and transformers); a machine shared by
+# other work may take a while: these tests are about what is shown, not how fast.
+PATIENT = {"model_predict_wait_s": 600.0, "model_predict_timeout_s": 120.0}
 
 TINY = {"op": "model", "shape": [], "params": {"model": "tiny-gpt2", "seq_len": 32}}
 GPT2_16 = {
@@ -21,7 +24,7 @@ GPT2_16 = {
 
 @pytest.fixture
 def cpu_only(database_url: str) -> "httpx.Client":
-    with LiveServer(make_settings(database_url)) as live:
+    with LiveServer(make_settings(database_url, **PATIENT)) as live:
         with httpx.Client(base_url=live.url, timeout=300) as client:
             register(client, CPU_CAPS, "cpu-box")
             yield client

@@ -21,6 +21,9 @@ from tests.helpers import CPU_CAPS, claim, register, succeed
 from vramlab.units import human_bytes
 
 pytest.importorskip("transformers")
+# The first prediction starts the predictor (torch and transformers); a machine shared by
+# other work may take a while: these tests are about what is shown, not how fast.
+PATIENT = {"model_predict_wait_s": 600.0, "model_predict_timeout_s": 120.0}
 
 VRAMLAB = [sys.executable, "-m", "app.cli"]
 TINY = {"op": "model", "shape": [], "device": "cpu"}
@@ -29,7 +32,7 @@ TINY = {"op": "model", "shape": [], "device": "cpu"}
 @pytest.fixture
 def live(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LiveServer]:
     for url in fresh_database("sqlite", request, tmp_path):
-        with LiveServer(make_settings(url)) as server:
+        with LiveServer(make_settings(url, **PATIENT)) as server:
             yield server
 
 

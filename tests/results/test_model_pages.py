@@ -15,6 +15,9 @@ from tests.helpers import CPU_CAPS, claim, register
 from vramlab.units import human_bytes
 
 pytest.importorskip("transformers")
+# The first prediction starts the predictor (torch and transformers); a machine shared by
+# other work may take a while: these tests are about what is shown, not how fast.
+PATIENT = {"model_predict_wait_s": 600.0, "model_predict_timeout_s": 120.0}
 
 TINY = {"op": "model", "shape": [], "params": {"model": "tiny-gpt2", "seq_len": 32}}
 
@@ -22,7 +25,7 @@ TINY = {"op": "model", "shape": [], "params": {"model": "tiny-gpt2", "seq_len": 
 @pytest.fixture
 def client(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[httpx.Client]:
     for url in fresh_database("sqlite", request, tmp_path):
-        with LiveServer(make_settings(url)) as live:
+        with LiveServer(make_settings(url, **PATIENT)) as live:
             with httpx.Client(base_url=live.url, timeout=300) as c:
                 yield c
 
