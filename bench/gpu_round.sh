@@ -13,6 +13,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 step() {
   local name=$1 limit=$2
   shift 2
+  [ "$limit" = 0 ] && return  # a step left out of this session
   local t0=$SECONDS
   timeout "$limit" "$@" > "$out/logs/$name.log" 2>&1
   echo "| $name | rc $? | $((SECONDS - t0)) s |" >> "$out/logs/steps.txt"
