@@ -84,6 +84,14 @@ def _bodies(exp_id: str, lease: str, worker_id: str) -> list[tuple[str, dict[str
             },
         ),
         (f"/v1/presets/{PRESET}/runs", {"device": "cpu", "dtype": "float32", "tags": ["t"]}),
+        (
+            "/v1/plans",
+            {
+                "spec": {"op": "model", "params": {"model": "gpt2", "config": {"k": "v"}}},
+                "gpus": ["H100"],
+                "variants": [{"precision": "bf16-autocast"}],
+            },
+        ),
     ]
 
 
