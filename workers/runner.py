@@ -337,9 +337,9 @@ class Runner:
 
     def _fill_soon(self, device: str) -> None:
         thread = threading.Thread(target=self._fill, args=(device,), daemon=True)
-        with self._lock:
+        with self._lock:  # started before another loop can see it (and join it)
+            thread.start()
             self._filling[device] = thread
-        thread.start()
 
     def _take_spare(self, device: str) -> Child | None:
         filling = self._filling.get(device)
