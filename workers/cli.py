@@ -51,7 +51,7 @@ def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> No
         choices=range(1, 65),
         metavar="N",
         help="experiments run at once on this host's device, any kind together (default: "
-        "by device, 4 on a GPU and up to 2 on the CPU, where only shared-isolation "
+        "by device, 4 on a GPU and 1 on the CPU, where only shared-isolation "
         "experiments run together and any other runs alone)",
     )
     p.add_argument(

@@ -82,9 +82,9 @@ def _models_pool(device: str) -> str:
 
 # ``vramlab worker`` with no --concurrency: how many experiments a device runs at once
 # (shared-isolation ones together, any other alone: workers/sharing.py). A GPU overlaps
-# several tiny experiments' launches and host work; on the CPU, two suit a 2-core host
-# (one runs while the other's loop claims and reports) without crowding the API.
-DEFAULT_CONCURRENCY = {"cuda": 4, "cpu": 2}
+# several tiny experiments' launches and host work; on the CPU one, as before: two loops
+# were not shown faster on a 2-core host, and each loop is a worker of its own name.
+DEFAULT_CONCURRENCY = {"cuda": 4, "cpu": 1}
 
 
 def concurrency_for(device_types: list[str], cpus: int | None = None) -> int:

@@ -6,7 +6,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.workers.conftest import CheckedRunner, SpecFactory
+from workers import runner as runner_module
 from workers.endings import Outcome
 from workers.runner import concurrency_for
 
@@ -19,13 +22,15 @@ def _succeeded(outcome: Outcome) -> dict[str, Any]:
 
 def test_the_default_concurrency_follows_the_device() -> None:
     assert concurrency_for(["cpu", "cuda"]) == 4
-    assert concurrency_for(["cpu"], cpus=2) == 2
+    assert concurrency_for(["cpu"], cpus=2) == 1
     assert concurrency_for(["cpu"], cpus=1) == 1
 
 
 def test_shared_experiments_run_together_and_others_alone(
-    make_spec: SpecFactory, tmp_path: Path
+    make_spec: SpecFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The CPU's default is one at a time; two here, as a GPU's default of four would.
+    monkeypatch.setitem(runner_module.DEFAULT_CONCURRENCY, "cpu", 2)
     runner = CheckedRunner(concurrency=None)
     runner.start()
     try:
