@@ -32,7 +32,13 @@ from app.experiments import views
 from app.experiments.predictor import INTERNAL, ModelPrediction
 from app.experiments.schemas import ExperimentOut
 from app.experiments.spec_schemas import ExperimentSpec
-from app.experiments.specs import ModelQuestion, accept, model_question, predict_device
+from app.experiments.specs import (
+    AcceptedSpec,
+    ModelQuestion,
+    accept,
+    model_question,
+    predict_device,
+)
 
 
 @dataclass(frozen=True)
@@ -96,26 +102,14 @@ def submit(
     if db.is_sqlite:
         with db.transaction(write=False) as read:
             who, resolved = _caller_and_device(read, caller, spec, settings, now)
-        accepted = accept(
-            resolved,
-            settings,
-            predicted=predicted,
-            submitter=submitter,
-            predict_for=predict_for or predict_device(spec, resolved),
-        )
+        accepted = _accept(spec, resolved, settings, predicted, submitter, predict_for)
         with db.transaction() as conn:
             queue = experiments.queue_info(conn, accepted, settings, now)
             row = experiments.insert_queued(conn, accepted, settings, now, submitted_by=who.id)
     else:  # one connection, one transaction
         with db.transaction() as conn:
             who, resolved = _caller_and_device(conn, caller, spec, settings, now)
-            accepted = accept(
-                resolved,
-                settings,
-                predicted=predicted,
-                submitter=submitter,
-                predict_for=predict_for or predict_device(spec, resolved),
-            )
+            accepted = _accept(spec, resolved, settings, predicted, submitter, predict_for)
             queue = experiments.queue_info(conn, accepted, settings, now)
             # The insert last: it locks the submitter's queued count until the commit.
             row = experiments.insert_queued(conn, accepted, settings, now, submitted_by=who.id)
@@ -150,13 +144,7 @@ def _submit_keyed(
     with db.session() as s:
         with db.reads_before_writing(s) as read:
             who, resolved = _caller_and_device(read, caller, spec, settings, now)
-        accepted = accept(
-            resolved,
-            settings,
-            predicted=predicted,
-            submitter=submitter,
-            predict_for=predict_for or predict_device(spec, resolved),
-        )
+        accepted = _accept(spec, resolved, settings, predicted, submitter, predict_for)
         return experiments.submit_once(
             s,
             accepted,
@@ -166,3 +154,22 @@ def _submit_keyed(
             submitted_by=who.id,
             idempotency_key=idempotency_key,
         )
+
+
+def _accept(
+    given: ExperimentSpec,
+    resolved: ExperimentSpec,
+    settings: Settings,
+    predicted: ModelPrediction | None,
+    submitter: str,
+    predict_for: str | None,
+) -> AcceptedSpec:
+    """``resolved`` accepted with the prediction asked already (if any), predicted for the
+    device type ``prepare`` chose, else the one ``predict_device`` chooses now."""
+    return accept(
+        resolved,
+        settings,
+        predicted=predicted,
+        submitter=submitter,
+        predict_for=predict_for or predict_device(given, resolved),
+    )
