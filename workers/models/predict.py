@@ -473,6 +473,9 @@ def _prime(built: Built) -> None:
     built.optimizer.zero_grad(set_to_none=True)
 
 
+REPEAT_S = 0.01  # CPU seconds between the limit's later signals
+
+
 class OverLimit(BaseException):
     """The prediction used up its CPU time (a BaseException: no ``except Exception`` in
     the tracer or in transformers swallows it)."""
@@ -486,14 +489,21 @@ def cpu_limit(seconds: float | None) -> Iterator[None]:
         yield
         return
 
+    armed = [True]
+
     def over(signum: int, frame: Any) -> None:
-        raise OverLimit()
+        if armed[0]:
+            raise OverLimit()
 
     previous = signal.signal(signal.SIGPROF, over)
-    signal.setitimer(signal.ITIMER_PROF, seconds)
+    # The timer repeats: a raise that lands in a finalizer (``__del__``, a weakref
+    # callback, a garbage collection) is printed and dropped by Python, and a one-shot
+    # timer would then let the trace run on to its end.
+    signal.setitimer(signal.ITIMER_PROF, seconds, REPEAT_S)
     try:
         yield
     finally:
+        armed[0] = False
         signal.setitimer(signal.ITIMER_PROF, 0)
         signal.signal(signal.SIGPROF, previous)
 
