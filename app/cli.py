@@ -266,17 +266,23 @@ def settings_problems(exc: ValidationError) -> list[str]:
     return lines
 
 
+# Where no distribution is installed (a checkout on PYTHONPATH, as the GPU host runs the
+# tests), ``python -m app.cli`` still has every command: these are what the server's and
+# the worker's pyproject files declare in the ``vramlab.commands`` group.
+CHECKOUT_COMMANDS = {"server": "app.cli:register", "worker": "workers.cli:register"}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The whole ``vramlab`` command as installed: the client's, the worker's, these."""
+    """The whole ``vramlab`` command: the client's, the worker's, these."""
     from vramlab import cli
 
-    return cli.build_parser()
+    return cli.build_parser(CHECKOUT_COMMANDS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     from vramlab import cli
 
-    return cli.main(argv)
+    return cli.main(argv, CHECKOUT_COMMANDS)
 
 
 if __name__ == "__main__":

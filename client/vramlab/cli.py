@@ -17,7 +17,7 @@ import argparse
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -61,32 +61,40 @@ DESCRIPTION = (
 COMMANDS_GROUP = "vramlab.commands"
 
 
-def command_sets() -> list[EntryPoint]:
+def command_sets(checkout: Mapping[str, str] | None = None) -> list[EntryPoint]:
     """The installed distributions' sets of commands, by name (the server's, the worker's):
-    the order in which ``vramlab --help`` lists their commands, before the client's."""
-    return sorted(entry_points(group=COMMANDS_GROUP), key=lambda ep: ep.name)
+    the order in which ``vramlab --help`` lists their commands, before the client's.
+    ``checkout`` names sets to take from the import path where no installed distribution
+    declares them (``python -m app.cli`` in a checkout that is on PYTHONPATH only)."""
+    found = {ep.name: ep for ep in entry_points(group=COMMANDS_GROUP)}
+    for name, value in (checkout or {}).items():
+        found.setdefault(name, EntryPoint(name, value, COMMANDS_GROUP))
+    return [found[name] for name in sorted(found)]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(checkout: Mapping[str, str] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vramlab", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
-    for found in command_sets():
+    for found in command_sets(checkout):
         try:
             add = found.load()
-        except ImportError as exc:  # a distribution half removed: the rest still works
-            dist = found.dist.name if found.dist else found.value
-            print(f"vramlab: the commands of {dist} did not load: {exc}", file=sys.stderr)
-            continue
+        except ImportError as exc:
+            if found.dist is not None:  # a distribution half removed: the rest still works
+                print(
+                    f"vramlab: the commands of {found.dist.name} did not load: {exc}",
+                    file=sys.stderr,
+                )
+            continue  # one from the checkout that is not on the path: not there
         add(sub)
     register(sub)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, checkout: Mapping[str, str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     # One line per HTTP request would bury the status lines and the worker's log.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    args = build_parser().parse_args(argv)
+    args = build_parser(checkout).parse_args(argv)
     code: int = args.func(args)
     return code
 
