@@ -101,8 +101,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     if importlib.util.find_spec("workers") is None:  # the worker's is another distribution
         log.error(
             "vramlab up runs a local worker: install the worker's distribution beside the "
-            "server's (pip install 'vramlab[worker]'), or run `vramlab serve` and start "
-            "workers elsewhere"
+            "server's (vramlab-worker; from a checkout: pip install './worker[models]'), or "
+            "run `vramlab serve` and start workers elsewhere"
         )
         return 2
     settings = get_settings()
