@@ -34,6 +34,20 @@ MICRO_COST = (
 )
 OPTIMIZER_COST = "about the same step time; it trains differently (factored second moments)"
 TOKENS_COST = "no time cost, but it changes what is trained: half the context"
+LORA = {"r": 16, "alpha": 32, "dropout": 0.05, "target_modules": "all-linear"}
+NF4 = {"method": "nf4", "double_quant": True, "compute_dtype": "bf16"}  # what "qlora" means
+LORA_COST = (
+    "less compute a step (no gradients for the frozen base's weights); it trains small "
+    "adapters on every linear layer, not the whole model (peft)"
+)
+QLORA_COST = (
+    "slower a step: every matmul dequantizes the 4-bit base; trains the same adapters as "
+    "LoRA (bitsandbytes and peft on the worker)"
+)
+OPTIMIZER_8BIT_COST = (
+    "about the same step time; AdamW's two moments kept in 8 bits (bitsandbytes), a "
+    "quarter of their 32-bit bytes"
+)
 
 
 def candidates(
@@ -67,6 +81,18 @@ def candidates(
                 "Adafactor instead of AdamW",
                 {"optimizer": "adafactor", "optimizer_impl": "default"},
                 OPTIMIZER_COST,
+            )
+        )
+    full = train and not params.get("peft") and not params.get("quantization")
+    if full and params.get("optimizer") in ("adam", "adamw"):
+        out.append(("8-bit AdamW", {"optimizer": "adamw-8bit"}, OPTIMIZER_8BIT_COST))
+    if full:
+        out.append(("LoRA r=16 (fine-tune adapters only)", {"peft": LORA}, LORA_COST))
+        out.append(
+            (
+                "QLoRA: a 4-bit NF4 base with LoRA r=16",
+                {"quantization": NF4, "peft": LORA},
+                QLORA_COST,
             )
         )
     seq = params.get("seq_len")

@@ -124,6 +124,24 @@ def test_variants_and_suggestions_ranked_by_bytes_saved(client: httpx.Client) ->
         assert s["makes_fit"] in ([], ["16.0 MiB (capacity_bytes)"])
 
 
+def test_the_ways_people_fine_tune_are_ranked_among_the_ways_to_fit(
+    client: httpx.Client,
+) -> None:
+    # Each predicted: adapters only (LoRA), a 4-bit base beneath them (QLoRA: GPT-2's
+    # Conv1D layers quantized as transformers does), 8-bit optimizer state.
+    params = {"model": "gpt2", "batch_size": 2, "seq_len": 64, "config": {"n_layer": 4}}
+    body = {"spec": {"op": "model", "params": params}, "capacity_bytes": 256 * MiB}
+    r = client.post("/v1/plans", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    by_label = {s["label"]: s for s in r.json()["suggestions"]}
+    lora = by_label["LoRA r=16 (fine-tune adapters only)"]
+    qlora = by_label["QLoRA: a 4-bit NF4 base with LoRA r=16"]
+    eight = by_label["8-bit AdamW"]
+    assert lora["change"]["peft"]["r"] == 16 and qlora["change"]["quantization"]["method"] == "nf4"
+    assert qlora["bytes_saved"] > lora["bytes_saved"] > eight["bytes_saved"] > 0
+    assert "adapters" in lora["time_cost"] and "dequantizes" in qlora["time_cost"]
+
+
 def test_a_plan_varies_the_sequence_length_up_to_the_models_positions(
     client: httpx.Client,
 ) -> None:

@@ -132,6 +132,20 @@ def test_a_4bit_base_holds_half_a_byte_a_weight_and_qlora_trains_only_adapters()
     assert qlora["peak_allocated"] < nf4["peak_allocated"]
 
 
+def test_gpt2s_conv1d_layers_are_quantized_as_transformers_quantizes_them() -> None:
+    # GPT-2's linear layers are transformers' Conv1D; its bitsandbytes integration
+    # quantizes them too (transposed), so a 4-bit GPT-2 holds its blocks in half a byte a
+    # weight: only the embeddings (and LayerNorms) stay in 32-bit floats.
+    base = {"model": "gpt2", "batch_size": 1, "seq_len": 32, "config": {"n_layer": 2}}
+    lora = predicted(**base, peft={"r": 8})
+    qlora = predicted(**base, quantization="qlora")
+    n_embd, vocab, positions = 768, 50257, 1024
+    block_weights = 2 * 12 * n_embd * n_embd  # c_attn 3, c_proj 1, c_fc 4, mlp c_proj 4
+    saved = lora["categories"]["parameters"] - qlora["categories"]["parameters"]
+    assert saved >= 4 * block_weights - block_weights // 2 - 2**20  # fp32 -> ~0.5 byte
+    assert qlora["categories"]["parameters"] >= 4 * (vocab + positions) * n_embd
+
+
 def test_liger_never_holds_the_whole_batchs_logits() -> None:
     params = {**LLAMA, "model": "llama-1b", "config": {"num_hidden_layers": 2}, "seq_len": 512}
     plain = predicted(**params, peft={"r": 8})

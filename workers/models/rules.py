@@ -116,9 +116,12 @@ class _Int8(torch.autograd.Function):
 class QuantizedLinear(torch.nn.Linear):
     """A linear layer whose weight is stored as bitsandbytes stores it (frozen)."""
 
-    def __init__(self, linear: torch.nn.Linear, method: str, double: bool, dtype: torch.dtype):
+    def __init__(self, linear: torch.nn.Module, method: str, double: bool, dtype: torch.dtype):
         torch.nn.Module.__init__(self)
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        if isinstance(linear, torch.nn.Linear):
+            self.in_features, self.out_features = linear.in_features, linear.out_features
+        else:  # transformers' Conv1D (GPT-2): its weight is (in, out), transposed to quantize
+            self.in_features, self.out_features = linear.weight.shape
         self.method, self.compute_dtype = method, dtype
         n, device = linear.weight.numel(), linear.weight.device
         if method == "nf4":
@@ -152,14 +155,17 @@ class QuantizedLinear(torch.nn.Linear):
 
 
 def quantize(model: torch.nn.Module, method: str, double: bool, dtype: torch.dtype) -> None:
-    """Every linear layer but the output head quantized (as transformers' bitsandbytes
-    integration leaves the head), the rest frozen and, as peft's
+    """Every linear layer (and Conv1D) but the output head quantized (as transformers'
+    bitsandbytes integration leaves the head), the rest frozen and, as peft's
     prepare_model_for_kbit_training does, cast to float32."""
+    from transformers.pytorch_utils import Conv1D
+
     lm: Any = model
     head = lm.get_output_embeddings() if hasattr(lm, "get_output_embeddings") else None
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, torch.nn.Linear) and child is not head:
+            # Conv1D too (GPT-2's linear layers): transformers' integration quantizes them.
+            if isinstance(child, torch.nn.Linear | Conv1D) and child is not head:
                 setattr(parent, name, QuantizedLinear(child, method, double, dtype))
     for module in model.modules():
         if isinstance(module, QuantizedLinear):
