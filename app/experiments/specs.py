@@ -277,6 +277,9 @@ def accept(
     # its step runs on the device the spec names (a CPU worker must never take it).
     on_devices = {*plan.devices, device}
     cuda_indexes = [parse_device(d)[1] for d in on_devices if d.startswith("cuda")]
+    ranks = (plan.params.get("distributed") or {}).get("gpus") if spec.op == MODEL_OP else None
+    if ranks and cuda_indexes:  # one rank a GPU: cuda:0 to cuda:N-1 of one worker's host
+        cuda_indexes.append(int(ranks) - 1)
     # Tags as stored: each once, in the order given.
     tags = list(dict.fromkeys(spec.tags))
     accepted = spec.model_copy(update={"params": plan.params, "device": device, "tags": tags})
