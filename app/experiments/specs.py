@@ -185,6 +185,15 @@ def _predict_model(
         "predicted_for": predicted_for(device_type),
         "caveats": caveats,
     }
+    plan = params.get("distributed")
+    if plan:  # ranks on equal batches hold alike: rank 0 traced, each rank its figures
+        peaks = {k: out[k] for k in ("peak_allocated", "peak_reserved", "categories")}
+        out["ranks"] = [{"rank": r, **peaks} for r in range(int(plan["gpus"]))]
+        caveats.append(
+            f"per rank, each of {plan['gpus']}: rank 0's step traced under PyTorch's fake "
+            f"process group (collectives move no bytes; {plan['strategy']}'s ranks on equal "
+            f"batches hold alike)"
+        )
     if answer.peak_allocated > settings.max_experiment_bytes and not bounded:
         raise OverTheCap(out, params, settings.max_experiment_bytes)
     return out

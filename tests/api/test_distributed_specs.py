@@ -118,3 +118,21 @@ def test_a_cuda_distributed_spec_is_claimed_by_a_worker_with_its_gpus(database_u
         got = claim(http, four)
     assert got is not None and got["id"] == exp["id"]
     assert got["spec"]["params"]["distributed"]["gpus"] == 4
+
+
+def test_a_distributed_spec_is_predicted_per_rank(client: httpx.Client) -> None:
+    spec = {"op": "model", "shape": [], "device": "cpu"}
+    params = {"model": "tiny-gpt2", "batch_size": 2, "seq_len": 16}
+    alone = client.post("/v1/experiments", json={**spec, "params": params})
+    ddp = client.post("/v1/experiments", json={**spec, "params": {**params, "distributed": DDP2}})
+    assert alone.status_code == ddp.status_code == 202, ddp.text
+    one, two = alone.json()["prediction"], ddp.json()["prediction"]
+    assert one.get("ranks") is None
+    assert [r["rank"] for r in two["ranks"]] == [0, 1]
+    for rank in two["ranks"]:
+        assert rank["peak_allocated"] == two["peak_allocated"]
+        assert rank["categories"] == two["categories"]
+    # each rank holds a whole replica, and DDP's buckets beside its gradients
+    assert two["categories"]["parameters"] == one["categories"]["parameters"]
+    assert two["categories"]["gradients"] > one["categories"]["gradients"]
+    assert any("fake process group" in c for c in two["caveats"])

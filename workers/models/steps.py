@@ -165,6 +165,7 @@ def tally_step(
     ``log``, an allocation log (workers/models/alloc_log.py), records it too."""
     tally = Tally(block)
     tally.adopt([*built.parameters(), *built.optimizer_state(), *built.inputs.values()])
+    tally.adopt(built.held)
     tally.adopt(built.model.buffers())
     scaler = built.scaler
     for held in ("scale_value", "found_inf"):  # the predictor's stand-in GradScaler

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -151,6 +152,7 @@ class Tally(PhasedMode):
         return str(Category.OTHER)
 
     def _see(self, t: torch.Tensor, phase: str) -> None:
+        t = _local(t)
         try:
             storage = t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse and other storage-less tensors
@@ -183,8 +185,13 @@ class Tally(PhasedMode):
                 self.peak, self.peak_seq, self.peak_phase = self.live, self.seq, self.phase
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (a sharded parameter holds only that on this rank)."""
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
 def _key(t: torch.Tensor) -> int | None:
     try:
-        return int(t.untyped_storage()._cdata)
+        return int(_local(t).untyped_storage()._cdata)
     except (RuntimeError, NotImplementedError):
         return None
