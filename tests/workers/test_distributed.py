@@ -96,3 +96,16 @@ def test_fsdp_hybrid_and_grad_op_and_bf16_run_and_are_predicted(
         assert rank["parameter_bytes"] == alone["parameter_bytes"] // 2
         assert rank["categories"]["parameters"] == predicted["categories"]["parameters"]
         assert close(predicted["peak_allocated"], rank["peak_allocated"], 0.15)
+
+
+def test_sharding_choices_change_what_a_rank_is_predicted_to_hold() -> None:
+    full2 = _predict(**GPT2, distributed={"strategy": "fsdp", "gpus": 2})
+    full4 = _predict(**GPT2, distributed={"strategy": "fsdp", "gpus": 4})
+    # hybrid over 4: two replicas, each sharded over 2 GPUs: a rank holds what full
+    # sharding over 2 leaves it
+    hybrid = _predict(**GPT2, distributed={"strategy": "fsdp", "gpus": 4, "sharding": "hybrid"})
+    # grad-op keeps every block's gathered parameters from the forward to the backward
+    grad_op = _predict(**GPT2, distributed={"strategy": "fsdp", "gpus": 2, "sharding": "grad-op"})
+    assert full4["categories"]["optimizer_state"] < full2["categories"]["optimizer_state"]
+    assert hybrid["categories"]["optimizer_state"] == full2["categories"]["optimizer_state"]
+    assert grad_op["categories"]["parameters"] > full2["categories"]["parameters"]

@@ -178,3 +178,28 @@ def fake_group(plan: Distributed | None) -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def storage_watched(tally: Any) -> Iterator[None]:
+    """Tell ``tally`` (workers/models/tally.py) when FSDP2 frees and re-gathers its
+    unsharded parameters: it resizes their storages in place (``resize_``), which no
+    dispatch mode sees and which ends no storage's life."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+
+    alloc, free = _fsdp_param.alloc_storage, _fsdp_param.free_storage
+
+    def alloc_watched(tensor: torch.Tensor) -> None:
+        alloc(tensor)
+        tally.resized(tensor, "parameters")
+
+    def free_watched(tensor: torch.Tensor) -> None:
+        free(tensor)
+        tally.resized(tensor)
+
+    with (
+        mock.patch.object(_fsdp_param, "alloc_storage", alloc_watched),
+        mock.patch.object(_fsdp_param, "free_storage", free_watched),
+        mock.patch.object(_fsdp_param_group, "alloc_storage", alloc_watched),
+    ):
+        yield

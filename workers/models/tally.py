@@ -42,6 +42,7 @@ class _Life:
     phase: str
     born: int
     died: int | None = None
+    category: str | None = None  # known when it is born (FSDP's gathered parameters)
 
 
 @dataclass
@@ -85,6 +86,7 @@ class Tally(PhasedMode):
         self._lives: dict[int, _Life] = {}  # the live storages, by identity
         self._ended: list[_Life] = []
         self._keep: list[Any] = []  # the weak references, alive until the tally is
+        self._watched: set[int] = set()  # the storages a weak reference watches
         self.live = 0
         self.peak = 0
         self.peak_seq = 0
@@ -107,6 +109,26 @@ class Tally(PhasedMode):
                 self._see(leaf, self.phase)
         self._maybe_peak()
         return out
+
+    def resized(self, t: torch.Tensor, category: str | None = None) -> None:
+        """A storage given back or taken again in place (``resize_``, as FSDP frees and
+        re-gathers its unsharded parameters): its old life ends, a new one of its new size
+        starts (``category``: what it holds)."""
+        storage = _local(t).untyped_storage()
+        key = storage._cdata
+        life = self._lives.pop(key, None)
+        if life is not None:
+            self.seq += 1
+            life.died = self.seq
+            self._ended.append(life)
+            self.live -= life.size
+        size = rounded(storage.nbytes(), self.block)
+        if size:
+            self.seq += 1
+            self._lives[key] = _Life(size, self.phase, self.seq, category=category)
+            self.live += size
+            self._watch(storage, key)
+        self._maybe_peak()
 
     # -- after the step ------------------------------------------------------------------
 
@@ -145,6 +167,8 @@ class Tally(PhasedMode):
     def _category(identity: str | None, life: _Life) -> str:
         if identity is not None:
             return identity
+        if life.category is not None:
+            return life.category
         if life.phase in _MAKES_ACTIVATIONS:
             return str(Category.ACTIVATIONS)
         if life.phase in (BACKWARD, OPTIMIZER):
@@ -165,10 +189,16 @@ class Tally(PhasedMode):
         life = _Life(size, phase, self.seq)
         self._lives[key] = life
         self.live += size
-        self._keep.append(weakref.ref(storage, self._ender(key)))
+        self._watch(storage, key)
+
+    def _watch(self, storage: Any, key: int) -> None:
+        if key not in self._watched:
+            self._watched.add(key)
+            self._keep.append(weakref.ref(storage, self._ender(key)))
 
     def _ender(self, key: int) -> Any:
         def end(_: object) -> None:
+            self._watched.discard(key)  # the address may be another storage's next
             life = self._lives.pop(key, None)
             if life is not None:
                 self.seq += 1
