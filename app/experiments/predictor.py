@@ -28,11 +28,13 @@ but one at most: one submitter's flood delays its own specs, not others'.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import importlib.util
 import json
 import logging
 import threading
 import time
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import Mapping
 from concurrent.futures import Future
@@ -54,10 +56,12 @@ from app.experiments.predictor_backends import (
 log = logging.getLogger(__name__)
 
 CACHE_SIZE = 512
+CACHE_LOG_BYTES = 64 * 2**20  # what the remembered answers' allocation logs may hold
 TIMEOUT_MEMORY_S = 600.0  # a time-out is remembered this long (a busy machine heals)
 SHARED_S = 60.0  # submitters heard from within this long share the lanes
 PASSED_LIMIT = "passed the limit"  # in a refusal for time (the predictor's and the service's)
 INTERNAL = "vramlab"  # the submitter of the service's own predictions (fit searches)
+EXTRA = ("log", "edge")  # what a request may add to the protocol's fields
 UNAVAILABLE = (
     "no model predictor on this API host (torch and transformers are not installed "
     "beside it, and no VRAMLAB_PREDICTOR_URL is set): the peak is measured, not predicted"
@@ -74,6 +78,13 @@ class ModelPrediction:
     categories: dict[str, int] | None
     caveats: tuple[str, ...] = ()
     seconds: float = 0.0
+    # Asked for by a plan (``extra``): the allocation log replayed for reserved (packed
+    # ints, int64 bytes), and a card's edge from the logs of a few values.
+    log: bytes | None = None
+    edge: dict[str, int | None] | None = None
+
+    def log_ints(self) -> list[int] | None:
+        return None if self.log is None else array("q", self.log).tolist()
 
 
 def installed() -> bool:
@@ -112,6 +123,7 @@ class Predictor:
         self._running: dict[str, int] = {}  # specs on a lane, by submitter
         self._seen: dict[str, float] = {}  # when each submitter last asked (monotonic)
         self._cache: OrderedDict[str, tuple[ModelPrediction | CatalogError, float]] = OrderedDict()
+        self._log_bytes = 0  # held by the remembered answers' logs
         self._threads: list[threading.Thread] = []
         self._closed = False
         # When a lane was first ready: a spec's wait counts from then at the earliest (the
@@ -127,10 +139,13 @@ class Predictor:
         device_type: str,
         allocator: Mapping[str, Any] | None = None,
         submitter: str = INTERNAL,
+        extra: Mapping[str, Any] | None = None,
     ) -> ModelPrediction:
         """The predicted peak of the spec's reported step (``allocator``: the spec's
-        caching-allocator settings, which change what is reserved). Blocks its thread."""
-        future = self.submit(params, device_type, allocator, submitter)
+        caching-allocator settings, which change what is reserved; ``extra``: more of the
+        predictor's protocol, ``{"log": true}`` or ``{"edge": ...}``, for plans). Blocks
+        its thread."""
+        future = self.submit(params, device_type, allocator, submitter, extra)
         try:
             return _unwrap(future.result(timeout=self._patience()))
         except FutureTimeout:
@@ -143,9 +158,10 @@ class Predictor:
         device_type: str,
         allocator: Mapping[str, Any] | None = None,
         submitter: str = INTERNAL,
+        extra: Mapping[str, Any] | None = None,
     ) -> ModelPrediction:
         """``predict`` for a coroutine: it waits without holding a thread."""
-        future = self.submit(params, device_type, allocator, submitter)
+        future = self.submit(params, device_type, allocator, submitter, extra)
         try:
             outcome = await asyncio.wait_for(asyncio.wrap_future(future), self._patience())
         except TimeoutError:
@@ -158,11 +174,15 @@ class Predictor:
         device_type: str,
         allocator: Mapping[str, Any] | None,
         submitter: str,
+        extra: Mapping[str, Any] | None = None,
     ) -> Future[ModelPrediction | CatalogError]:
         """A future of the spec's answer (done at once if it is remembered); Busy when
         the submitter already has ``per_submitter`` specs waiting."""
         allocator = dict(allocator or {})
-        key = json.dumps([params, device_type, allocator], sort_keys=True)
+        extra = {k: v for k, v in (extra or {}).items() if k in EXTRA}
+        key = json.dumps([params, device_type, allocator, extra], sort_keys=True)
+        if len(key) > 1024:  # an edge request carries its logs: remembered by their digest
+            key = hashlib.sha256(key.encode()).hexdigest()
         future: Future[ModelPrediction | CatalogError] = Future()
         with self._cond:
             if self._closed:
@@ -193,6 +213,7 @@ class Predictor:
                     "allocator": allocator,
                     "submitter": submitter,
                     "limit_s": self.timeout_s,
+                    **extra,
                 }
                 job = _Job(key, request, time.monotonic() + self.wait_s)
                 waiting.append(job)
@@ -300,8 +321,10 @@ class Predictor:
                 timed_out = isinstance(outcome, CatalogError) and PASSED_LIMIT in outcome.message
                 expires = time.monotonic() + TIMEOUT_MEMORY_S if timed_out else float("inf")
                 self._cache[job.key] = (outcome, expires)
-                while len(self._cache) > CACHE_SIZE:
-                    self._cache.popitem(last=False)
+                self._log_bytes += _log_size(outcome)
+                while len(self._cache) > CACHE_SIZE or self._log_bytes > CACHE_LOG_BYTES:
+                    _, (gone, _) = self._cache.popitem(last=False)
+                    self._log_bytes -= _log_size(gone)
             waiters = list(job.waiters)
         for waiter in waiters:
             if outcome is None or waiter.cancelled():
@@ -318,6 +341,7 @@ class Predictor:
         outcome, expires = hit
         if time.monotonic() > expires:
             del self._cache[key]
+            self._log_bytes -= _log_size(outcome)
             return None
         self._cache.move_to_end(key)
         return outcome
@@ -335,7 +359,16 @@ def _unwrap(outcome: ModelPrediction | CatalogError) -> ModelPrediction:
     return outcome
 
 
+def _log_size(outcome: ModelPrediction | CatalogError) -> int:
+    return len(outcome.log) if isinstance(outcome, ModelPrediction) and outcome.log else 0
+
+
 def _outcome(answer: Mapping[str, Any]) -> ModelPrediction | CatalogError:
+    if "edge" in answer and "error" not in answer:  # a card's edge (a plan's), no peak
+        found = {k: answer.get(k) for k in ("edge", "reserved_at_value")}
+        return ModelPrediction(
+            None, None, None, edge={k: None if v is None else int(v) for k, v in found.items()}
+        )
     error = answer.get("error")
     if error is not None and error.get("unpredictable"):
         return ModelPrediction(None, None, None, (str(error.get("message")),))
@@ -347,6 +380,7 @@ def _outcome(answer: Mapping[str, Any]) -> ModelPrediction | CatalogError:
         categories={k: int(v) for k, v in answer.get("categories", {}).items()},
         caveats=tuple(answer.get("caveats", ())),
         seconds=float(answer.get("seconds", 0.0)),
+        log=None if answer.get("log") is None else array("q", answer["log"]).tobytes(),
     )
 
 

@@ -32,7 +32,7 @@ def create_app(settings: "Settings") -> "FastAPI":
 
     from app.catalog import CatalogError
     from app.core.db import Busy
-    from app.experiments.predictor import INTERNAL, Predictor
+    from app.experiments.predictor import EXTRA, INTERNAL, Predictor
     from app.experiments.predictor_backends import Children
 
     predictor = Predictor(
@@ -69,6 +69,7 @@ def create_app(settings: "Settings") -> "FastAPI":
                 str(body.get("device") or "cuda"),
                 body.get("allocator"),
                 str(body.get("submitter") or INTERNAL),
+                {k: body[k] for k in EXTRA if body.get(k) is not None},
             )
         except CatalogError as exc:
             return JSONResponse(
@@ -82,6 +83,8 @@ def create_app(settings: "Settings") -> "FastAPI":
             )
         except (KeyError, TypeError, AttributeError):
             return JSONResponse({"detail": "not a prediction request"}, status_code=400)
+        if answer.edge is not None:
+            return JSONResponse({"id": ident, **answer.edge})
         if answer.peak_allocated is None:
             message = answer.caveats[0] if answer.caveats else "not predicted"
             error = {"field": "params", "message": message, "unpredictable": True}
@@ -94,6 +97,7 @@ def create_app(settings: "Settings") -> "FastAPI":
                 "categories": answer.categories,
                 "caveats": list(answer.caveats),
                 "seconds": answer.seconds,
+                **({} if answer.log is None else {"log": answer.log_ints()}),
             }
         )
 

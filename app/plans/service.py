@@ -49,6 +49,7 @@ from vramlab.units import human_bytes
 PLAN_SECONDS = 90.0  # a plan's predictions, all told; asked again, it goes on from the cache
 SECANT_STEPS = 4  # before the walk: a near-straight curve needs two or three
 PARALLEL = 2  # predictions asked at once (the predictor serves them as it can)
+SMALLEST = 2  # the smallest value whose log another's is synthesized from
 DEFAULT_VALUE = {"batch_size": 1, "seq_len": 128}  # the model's own defaults
 DEVICE = "cuda"
 CAVEAT = (
@@ -106,7 +107,7 @@ class Tracer:
             with ThreadPoolExecutor(max_workers=min(PARALLEL, len(todo))) as pool:
                 answers = list(pool.map(self._one, todo.values()))
             self._done.update(zip(todo, answers, strict=True))
-            self.asked += len(todo)
+            self.asked += sum(1 for p in todo.values() if "__edge" not in p)  # traces
         return [self._done[k] for k in keys]
 
     def one(self, params: dict[str, Any]) -> ModelPrediction:
@@ -191,7 +192,8 @@ class Variant:
     value: int
     step: int
     top: int  # the largest value the catalog allows (and max_value)
-    points: list[int]
+    points: list[int]  # traced uncapped: the curve's, and the logs the edges come from
+    logged: list[int]  # of those, the logs each edge is synthesized from (none below 2)
 
 
 def _top(params: dict[str, Any], vary: str, step: int, upper: int) -> int:
@@ -229,8 +231,25 @@ def variants(body: PlanIn, base: dict[str, Any]) -> list[Variant]:
             ks = sorted({k, max(1, k // 2), max(1, k // 4)}, reverse=True)
             ks += [k + 1, k + 2][: 3 - len(ks)]
         points = [n * step for n in ks if n * step <= top or n == k]
-        out.append(Variant(i, overrides, params, value, step, top, points))
+        logged = _logged(points, body.vary, step, top)
+        points += [x for x in logged if x not in points]
+        out.append(Variant(i, overrides, params, value, step, top, points, logged))
     return out
+
+
+def _logged(points: list[int], vary: str, step: int, top: int) -> list[int]:
+    """The values whose logs give every other value's (workers/models/edges.py): as many
+    as the size's degree needs (two for the batch, three for the sequence), none below
+    2 (a step at batch 1 makes a few allocations fewer); the traced points first, then
+    the next multiples of step; none (the edges are traced) where too few fit under top."""
+    need = 2 if vary == "batch_size" else 3
+    out = [x for x in points if x >= SMALLEST][:need]
+    x = max([step, *points])
+    while len(out) < need and x + step <= top:
+        x += step
+        if x >= SMALLEST and x not in out:
+            out.append(x)
+    return out if len(out) == need else []
 
 
 def curve(xs: list[int], ys: list[int]) -> Callable[[int], float] | None:
@@ -380,12 +399,17 @@ def plan(
         return predict(params) if not allocator else predict({**params, "__allocator": allocator})
 
     tracer = Tracer(with_allocator, time.monotonic() + PLAN_SECONDS)
-    traced = tracer.many([{**v.params, body.vary: x} for v in vs for x in v.points])
-    answers: list[PlanAnswer] = []
+    traced = tracer.many(
+        [{**v.params, body.vary: x, "__log": bool(v.logged)} for v in vs for x in v.points]
+    )
+    groups = []
     at = 0
     for v in vs:
-        got = traced[at : at + len(v.points)]
+        groups.append(traced[at : at + len(v.points)])
         at += len(v.points)
+    synthesized = _edges(body, tracer, vs, groups, cards) if body.verify else {}
+    answers: list[PlanAnswer] = []
+    for v, got in zip(vs, groups, strict=True):
         first = got[0]
         for caveat in first.caveats:
             if caveat not in caveats:
@@ -397,8 +421,9 @@ def plan(
             else None
         )
         seeds = [(x, r) for x, r in zip(v.points, reserved, strict=True) if r is not None]
-        for c in cards:
-            answers.append(_answer(body, tracer, v, c, first, fn, seeds))
+        for i, c in enumerate(cards):
+            found = synthesized.get((v.index, i))
+            answers.append(_answer(body, tracer, v, c, first, fn, seeds, found))
     suggestions = []
     if body.suggest:
         short = [a.gpu.name for a in answers if a.variant.index == 0 and a.fits is False]
@@ -426,6 +451,36 @@ def plan(
     )
 
 
+def _edges(
+    body: PlanIn,
+    tracer: Tracer,
+    vs: list[Variant],
+    groups: list[list[ModelPrediction]],
+    cards: list[Target],
+) -> dict[tuple[int, int], dict[str, int | None]]:
+    """Each (variant, card)'s edge from the variant's traced logs, replayed under the
+    card's capacity by the predictor (workers/models/edges.py), all asked at once."""
+    asks: list[tuple[tuple[int, int], dict[str, Any]]] = []
+    for v, got in zip(vs, groups, strict=True):
+        logs = {x: g.log_ints() for x, g in zip(v.points, got, strict=True)}
+        if not v.logged or any(logs.get(x) is None for x in v.logged):
+            continue
+        points = [[x, logs[x]] for x in v.logged]
+        for i, c in enumerate(cards):
+            edge = {
+                "points": points,
+                "capacity": c.usable_bytes,
+                "step": v.step,
+                "top": v.top,
+                "value": v.value,
+            }
+            asks.append(((v.index, i), {**v.params, "__edge": edge}))
+    if not asks:
+        return {}
+    found = tracer.many([params for _, params in asks])
+    return {where: a.edge for (where, _), a in zip(asks, found, strict=True) if a.edge}
+
+
 def _answer(
     body: PlanIn,
     tracer: Tracer,
@@ -434,6 +489,7 @@ def _answer(
     first: ModelPrediction,
     fn: Callable[[int], float] | None,
     seeds: list[tuple[int, int]],
+    found: dict[str, int | None] | None = None,
 ) -> PlanAnswer:
     variant = PlanVariant(
         index=v.index, overrides=v.overrides, label=_label(v.overrides), value=v.value
@@ -459,11 +515,17 @@ def _answer(
     how: Literal["estimated", "traced"] | None = None
     edge: int | None = None
     if body.verify:
-        if not fits:  # the capped allocator may still fit it by releasing its cache
+        capped_at_value = None if found is None else found.get("reserved_at_value")
+        if not fits and capped_at_value is not None:
+            fits = capped_at_value <= usable
+        elif not fits:  # the capped allocator may still fit it by releasing its cache
             capped = tracer.one({**v.params, "capacity_bytes": usable})
             fits = capped.peak_reserved is not None and capped.peak_reserved <= usable
-        start = v.value if fn is None else _guess(fn, usable, v)
-        edge, how = traced_edge(tracer, v, body.vary, usable, start, seeds), "traced"
+        if found is not None and found.get("edge") is not None:
+            edge, how = found["edge"], "traced"
+        else:
+            start = v.value if fn is None else _guess(fn, usable, v)
+            edge, how = traced_edge(tracer, v, body.vary, usable, start, seeds), "traced"
     elif fn is not None:
         edge, how = estimated_edge(fn, usable, v.step, v.top), "estimated"
         shape = "a line" if len(v.points) == 2 else "a parabola"
@@ -499,6 +561,8 @@ def predictor_of(settings: Settings, submitter: str) -> Predict | None:
     def predict(params: dict[str, Any]) -> ModelPrediction:
         params = dict(params)
         allocator = params.pop("__allocator", None)
-        return shared.predict(params, DEVICE, allocator, submitter)
+        extra = {"log": params.pop("__log", False), "edge": params.pop("__edge", None)}
+        extra = {k: v for k, v in extra.items() if v}
+        return shared.predict(params, DEVICE, allocator, submitter, extra)
 
     return predict

@@ -277,6 +277,18 @@ def test_the_predictor_service_answers_an_api_without_torch_children(database_ur
             assert prediction["peak_allocated"] > 0 and prediction["categories"]
             refused = http.post("/v1/experiments", json=model_spec(1, n_head=0))
             assert refused.status_code == 422, refused.text
+            # A plan's edges come from the service too: its logs, then each card's edge.
+            tiny = {"model": "tiny-gpt2", "batch_size": 4, "seq_len": 32}
+            plan = {
+                "spec": {"op": "model", "params": tiny},
+                "capacity_bytes": 90 * 2**20,
+                "suggest": False,
+            }
+            r = http.post("/v1/plans", json=plan)
+            assert r.status_code == 200, r.text
+            [planned] = r.json()["answers"]
+            assert planned["edge"] == "traced" and planned["predicted_max_fitting"] > 4
+            assert r.json()["predictions"] == 2  # the edge was synthesized, not walked
     finally:
         service.terminate()
         service.wait(30)

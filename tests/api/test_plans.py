@@ -88,9 +88,13 @@ def test_a_verified_edge_is_where_the_predictor_says_the_step_stops_fitting(
         quick = _plan(client, capacity_bytes=capacity, suggest=False, verify=False)["answers"][0]
         assert quick["edge"] == "estimated" and quick["predicted_max_fitting"] >= 0
         assert "line" in quick["note"]
-        answer = _plan(client, capacity_bytes=capacity, suggest=False, verify=True)["answers"][0]
+        verified = _plan(client, capacity_bytes=capacity, suggest=False, verify=True)
+        answer = verified["answers"][0]
         edge = answer["predicted_max_fitting"]
         assert answer["edge"] == "traced" and edge > 4
+        # Two steps traced (batch 4 and 2); every other batch's log synthesized from
+        # theirs and replayed under the capacity, not traced one by one.
+        assert verified["predictions"] == 2
 
         def fits(batch: int) -> bool:
             spec = {**TINY, "params": {**TINY["params"], "batch_size": batch}}

@@ -40,7 +40,7 @@ from vramlab.catalog.errors import CatalogError
 from vramlab.catalog.model_zoo import resolve_spec
 from vramlab.contract import Category
 from vramlab.runspec import ModelParams
-from workers.models import cost, parallel
+from workers.models import cost, edges, parallel
 from workers.models.alloc_log import (
     TRACED_DEPTH,
     AllocationLog,
@@ -167,10 +167,12 @@ def predict(
     params: ModelParams | Mapping[str, Any],
     device_type: str,
     allocator: Mapping[str, Any] | None = None,
+    log: bool = False,
 ) -> dict[str, Any]:
     """The reported step's predicted peak allocated and reserved (under the spec's
     ``capacity_bytes``, if any), and its categories. ``allocator``: the spec's
-    caching-allocator settings."""
+    caching-allocator settings; ``log``: also the allocation log replayed for reserved
+    (packed, workers/models/edges.py; None where there is none at the model's depth)."""
     params = ModelParams.of(params)
     started = time.perf_counter()
     if params.parallel is not None and params.parallel.offload_optimizer:
@@ -185,7 +187,12 @@ def predict(
             f"the paged optimizer's state ({paged} bytes) lives in CUDA managed memory: not in "
             "these figures; the driver moves it to the host when the GPU runs short"
         )
+    out: dict[str, Any] = {}
+    if log:
+        flat = traced.events is not None and traced.extended is None
+        out["log"] = edges.pack(traced.events) if flat and traced.events else None
     return {
+        **out,
         "paged_optimizer_state_bytes": paged,
         "peak_allocated": traced.peak_allocated,
         "peak_reserved": traced.peak_reserved(params.capacity_bytes),
@@ -483,6 +490,9 @@ def _prime(built: Built) -> None:
     built.optimizer.zero_grad(set_to_none=True)
 
 
+REPEAT_S = 0.01  # CPU seconds between the limit's later signals
+
+
 class OverLimit(BaseException):
     """The prediction used up its CPU time (a BaseException: no ``except Exception`` in
     the tracer or in transformers swallows it)."""
@@ -496,14 +506,21 @@ def cpu_limit(seconds: float | None) -> Iterator[None]:
         yield
         return
 
+    armed = [True]
+
     def over(signum: int, frame: Any) -> None:
-        raise OverLimit()
+        if armed[0]:
+            raise OverLimit()
 
     previous = signal.signal(signal.SIGPROF, over)
-    signal.setitimer(signal.ITIMER_PROF, seconds)
+    # The timer repeats: a raise that lands in a finalizer (``__del__``, a weakref
+    # callback, a garbage collection) is printed and dropped by Python, and a one-shot
+    # timer would then let the trace run on to its end.
+    signal.setitimer(signal.ITIMER_PROF, seconds, REPEAT_S)
     try:
         yield
     finally:
+        armed[0] = False
         signal.setitimer(signal.ITIMER_PROF, 0)
         signal.signal(signal.SIGPROF, previous)
 
@@ -519,8 +536,12 @@ def answer(request: Mapping[str, Any]) -> dict[str, Any]:
         params = ModelParams.from_wire(request["params"])
         device = str(request.get("device") or "cuda")
         _import_classes(params)
+        if request.get("edge") is not None:
+            with cpu_limit(float(limit) if limit else None):
+                return {"id": ident, **plan_edge(request["edge"], device, request.get("allocator"))}
         with cpu_limit(float(limit) if limit else None):
-            return {"id": ident, **predict(params, device, request.get("allocator"))}
+            logged = bool(request.get("log"))
+            return {"id": ident, **predict(params, device, request.get("allocator"), logged)}
     except OverLimit:
         message = (
             f"predicting this spec {PASSED_LIMIT} of {limit:g} s of CPU time "
@@ -540,6 +561,51 @@ def answer(request: Mapping[str, Any]) -> dict[str, Any]:
                 "unpredictable": True,
             },
         }
+
+
+MAX_POINTS = 4  # traced values an edge request may carry
+MAX_LOG = 4_000_000  # ints in one packed log
+
+
+def plan_edge(request: Mapping[str, Any], device_type: str, allocator: Any) -> dict[str, Any]:
+    """A card's edge from the logs traced at a few values (workers/models/edges.py):
+    ``{"points": [[value, packed log], ...], "capacity", "step", "top", "value"}`` ->
+    ``{"edge": the largest fitting multiple of step up to top (0: none), "reserved_at_value":
+    what the capped allocator reserves at value}``; both None where the logs do not line up
+    (the caller then traces)."""
+    none: dict[str, Any] = {"edge": None, "reserved_at_value": None}
+    settings = _settings(allocator) if device_type == "cuda" else None
+    points = request.get("points")
+    if settings is None or not isinstance(points, list) or not 2 <= len(points) <= MAX_POINTS:
+        return none
+    try:
+        capacity, step, top, value = (int(request[k]) for k in ("capacity", "step", "top", "value"))
+        if capacity <= 0 or not 1 <= step <= top or value < 1:
+            return none
+        logs = []
+        for x, flat in points:
+            if not isinstance(flat, list) or len(flat) > MAX_LOG:
+                return none
+            logs.append((int(x), edges.unpack(flat)))
+    except (KeyError, TypeError, ValueError):
+        return none
+    fit = edges.fitted(logs)
+    if fit is None:
+        return none
+    seen: dict[int, int | None] = {}
+
+    def reserved(x: int) -> int | None:
+        if x not in seen:
+            events = edges.at(fit, x)
+            seen[x] = None if events is None else reserved_peak(events, settings, capacity)
+        return seen[x]
+
+    def fits(x: int) -> bool | None:
+        got = reserved(x)
+        return None if got is None else got <= capacity
+
+    found = edges.edge(fits, step, top)
+    return {"edge": found, "reserved_at_value": None if found is None else reserved(value)}
 
 
 def _import_classes(params: ModelParams) -> None:
