@@ -28,7 +28,6 @@ FSDP4 = {"strategy": "fsdp", "gpus": 4}
         ),
         ({"distributed": {**FSDP4, "mixed_precision": "fp8"}}, "params.distributed.mixed"),
         ({"distributed": {**FSDP4, "replicas": 2}}, "params.distributed.replicas"),
-        ({"distributed": DDP2, "task": "inference"}, "params.distributed"),
         ({"distributed": FSDP4, "optimizer": "adafactor"}, "params.optimizer"),
         ({"distributed": FSDP4, "precision": "fp16-autocast"}, "params.precision"),
         (
@@ -54,6 +53,22 @@ def test_distributed_specs_that_make_no_sense_name_their_field(
     assert response.status_code == 422, response.text
     fields = [d["field"] for d in response.json()["error"]["details"]]
     assert any(f.startswith(field) for f in fields), fields
+
+
+def test_distributed_inference_is_refused_as_a_training_only_param(client: httpx.Client) -> None:
+    response = client.post(
+        "/v1/experiments",
+        json={
+            "op": "model",
+            "shape": [],
+            "device": "cpu",
+            "params": {"model": "tiny-gpt2", "task": "inference", "distributed": DDP2},
+        },
+    )
+    assert response.status_code == 422, response.text
+    [detail] = response.json()["error"]["details"]
+    assert detail["field"] == "params.distributed"
+    assert "training" in detail["message"], detail
 
 
 def test_quantization_with_distributed_is_refused_on_cuda(client: httpx.Client) -> None:
