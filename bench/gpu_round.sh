@@ -6,6 +6,8 @@
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 export PYTHONPATH=$PWD:$PWD/client:$PWD/.site:/tmp/site PYTHONUNBUFFERED=1
+# NVLink multicast stays off on shared GPU hosts (the ranks and plain scripts inherit it).
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1} NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1}
 out=${OUT:-/tmp/gpu_round}
 mkdir -p "$out/logs"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/logs/gpu.txt"
