@@ -32,6 +32,14 @@ def _predict(**params: Any) -> dict[str, Any]:
     return out
 
 
+def _under_gloo(predicted: int, measured: int) -> bool:
+    """FSDP's peak on the CPU: gloo's collectives allocate buffers of their own, on its
+    threads, as they run (2.7% above the prediction on a quiet host, up to 20% on a busy
+    one: when they run varies), which NCCL on a GPU does not take from the caching
+    allocator. The prediction is not above the measured peak, and not far below."""
+    return 0.75 * measured <= predicted <= 1.01 * measured
+
+
 @pytest.fixture(scope="module")
 def alone(runner: Runner) -> dict[str, Any]:
     """The same step on one device: what a whole replica holds."""
@@ -79,10 +87,7 @@ def test_fsdp_full_sharding_holds_half_of_everything_on_each_of_two_ranks(
         assert rank["bucket_bytes"] is None
         for category in ("parameters", "optimizer_state"):
             assert rank["categories"][category] == predicted["categories"][category]
-        # Gloo's collectives on the CPU run on its own threads and allocate as they run,
-        # at moments that vary with the host's load (NCCL's buffers are not the caching
-        # allocator's): the CPU's peak is the prediction within 15%, not 1%.
-        assert close(predicted["peak_allocated"], rank["peak_allocated"], 0.15)
+        assert _under_gloo(predicted["peak_allocated"], rank["peak_allocated"])
     assert result["model"]["peak_allocated"] < alone["peak_allocated"]
 
 
@@ -95,7 +100,7 @@ def test_fsdp_hybrid_and_grad_op_and_bf16_run_and_are_predicted(
     for rank in result["model"]["ranks"]:
         assert rank["parameter_bytes"] == alone["parameter_bytes"] // 2
         assert rank["categories"]["parameters"] == predicted["categories"]["parameters"]
-        assert close(predicted["peak_allocated"], rank["peak_allocated"], 0.15)
+        assert _under_gloo(predicted["peak_allocated"], rank["peak_allocated"])
 
 
 def test_sharding_choices_change_what_a_rank_is_predicted_to_hold() -> None:

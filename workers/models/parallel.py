@@ -185,8 +185,14 @@ def storage_watched(tally: Any) -> Iterator[None]:
     """Tell ``tally`` (workers/models/tally.py) when FSDP2 frees and re-gathers its
     unsharded parameters: it resizes their storages in place (``resize_``), which no
     dispatch mode sees and which ends no storage's life."""
-    from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
-
+    try:
+        from torch.distributed.fsdp._fully_shard import _fsdp_param, _fsdp_param_group
+    except ImportError:  # another layout of FSDP2's private modules: nothing to tell
+        yield
+        return
+    if not hasattr(_fsdp_param_group, "alloc_storage"):
+        yield
+        return
     alloc, free = _fsdp_param.alloc_storage, _fsdp_param.free_storage
 
     def alloc_watched(tensor: torch.Tensor) -> None:
