@@ -1,9 +1,13 @@
 # Images of vramlab from one file (no `# syntax=` line: the engine's own frontend reads
-# this file, with BuildKit or the classic builder alike):
-#   api        — FastAPI + SQLAlchemy + the result plots, no torch: small, quick to start.
-#   worker-cpu — a worker with PyTorch's CPU build: a laptop or CI without a GPU.
-#   worker     — a worker with PyTorch's CUDA build (PyPI's Linux wheel); needs a GPU passed
+# this file, with BuildKit or the classic builder alike), each from its distributions:
+#   api        — the server's (FastAPI + SQLAlchemy + the result plots) and the client's, no
+#                torch and no worker: small, quick to start.
+#   worker-cpu — the worker's (worker/pyproject.toml) and the client's with PyTorch's CPU
+#                build: no web stack. A laptop or CI without a GPU.
+#   worker     — the same with PyTorch's CUDA build (PyPI's Linux wheel); needs a GPU passed
 #                through by the NVIDIA container toolkit.
+#   predictor  — worker-cpu plus the server's, for `vramlab predictor` (the API image has
+#                no torch, so the API asks this service for model predictions).
 # Each installs into /opt/vramlab (a virtual environment) in a build stage; the image
 # itself gets that folder and a non-root user (uid 10001), no compiler, no pip cache.
 # The classic builder keeps each build stage as an untagged image (its cache); they carry
@@ -18,18 +22,19 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 \
 RUN useradd --create-home --uid 10001 --user-group vramlab
 WORKDIR /home/vramlab
 
-# The dependencies first (a layer that changes only with pyproject.toml), then the code.
+# The dependencies first (a layer that changes only with the pyproject files: the
+# distributions built from them without their packages, then removed), then the code.
 FROM base AS build-api
 LABEL dev.vramlab.stage=build
 WORKDIR /src
 RUN python -m venv /opt/vramlab
 COPY pyproject.toml README.md ./
-RUN pip install . && pip uninstall -y -q vramlab
+COPY client/pyproject.toml client/README.md ./client/
+RUN pip install ./client . && pip uninstall -y -q vramlab vramlab-client
 COPY app ./app
-COPY workers ./workers
 COPY migrations ./migrations
 COPY client ./client
-RUN pip install --no-deps . && pip uninstall -y -q pip setuptools
+RUN pip install --no-deps ./client . && pip uninstall -y -q pip setuptools
 # Slimming (the api image stays under 250 MB): no tests, stubs or sample data; extension
 # modules without their symbols; the libraries as bytecode only (compiled here once, beside
 # where their sources were, without docstrings or asserts), vramlab's own code as sources
@@ -51,9 +56,9 @@ RUN apt-get update -qq && apt-get install -y -qq --no-install-recommends binutil
  && find /opt/vramlab -name '__pycache__' -prune -exec rm -rf {} + \
  && find /opt/vramlab -name '*.cpython-*.so' -exec strip --strip-unneeded {} + \
  && python -m compileall -q -j0 -b -o 2 /opt/vramlab/lib >/dev/null \
- && find . -name '*.py' ! -path './app/*' ! -path './workers/*' ! -path './migrations/*' -delete \
- && find ./app ./workers ./migrations -name '*.pyc' -delete \
- && python -m compileall -q -j0 ./app ./workers ./migrations >/dev/null
+ && find . -name '*.py' ! -path './app/*' ! -path './vramlab/*' ! -path './migrations/*' -delete \
+ && find ./app ./vramlab ./migrations -name '*.pyc' -delete \
+ && python -m compileall -q -j0 ./app ./vramlab ./migrations >/dev/null
 
 FROM base AS api
 COPY --from=build-api /opt/vramlab /opt/vramlab
@@ -63,11 +68,13 @@ HEALTHCHECK --interval=5s --timeout=3s --start-period=10s --retries=20 \
   CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/readyz')"
 CMD ["vramlab", "serve", "--host", "0.0.0.0", "--port", "8000", "--no-migrate"]
 
-# Workers: torch first, then the rest. worker-cpu takes PyTorch's CPU build from PyTorch's
-# CPU index (TORCH_CPU_PIP_ARGS); worker takes PyPI's CUDA build (TORCH_CUDA_PIP_ARGS). A
-# machine with no route to an index puts the wheel in deploy/wheels/ and passes
-# `--build-arg TORCH_CPU_PIP_ARGS="--find-links /wheels"` (the deployment test).
-FROM base AS build-worker-cpu
+# Workers: torch first, then the worker's distribution and the client's (their
+# dependencies first, as above), never the server's. worker-cpu takes PyTorch's CPU build
+# from PyTorch's CPU index (TORCH_CPU_PIP_ARGS); worker takes PyPI's CUDA build
+# (TORCH_CUDA_PIP_ARGS). A machine with no route to an index puts the wheel in
+# deploy/wheels/ and passes `--build-arg TORCH_CPU_PIP_ARGS="--find-links /wheels"` (the
+# deployment test).
+FROM base AS build-worker-cpu-env
 LABEL dev.vramlab.stage=build
 ARG TORCH_VERSION=2.13.0
 ARG TORCH_CPU_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu"
@@ -75,13 +82,15 @@ WORKDIR /src
 RUN python -m venv /opt/vramlab
 COPY deploy/wheels/ /wheels/
 RUN pip install $TORCH_CPU_PIP_ARGS "torch==${TORCH_VERSION}"
-COPY pyproject.toml README.md ./
-RUN pip install ".[worker,models]" && pip uninstall -y -q vramlab
-COPY app ./app
-COPY workers ./workers
-COPY migrations ./migrations
+COPY client/pyproject.toml client/README.md ./client/
+COPY worker/pyproject.toml worker/README.md ./worker/
+RUN pip install ./client "./worker[models]" && pip uninstall -y -q vramlab-client vramlab-worker
 COPY client ./client
-RUN pip install --no-deps . && pip uninstall -y -q pip
+COPY workers ./workers
+RUN pip install --no-deps ./client ./worker
+
+FROM build-worker-cpu-env AS build-worker-cpu
+RUN pip uninstall -y -q pip
 
 FROM base AS worker-cpu
 COPY --from=build-worker-cpu /opt/vramlab /opt/vramlab
@@ -98,15 +107,29 @@ WORKDIR /src
 RUN python -m venv /opt/vramlab
 COPY deploy/wheels/ /wheels/
 RUN pip install $TORCH_CUDA_PIP_ARGS "torch==${TORCH_VERSION}"
-COPY pyproject.toml README.md ./
-RUN pip install ".[worker,models]" && pip uninstall -y -q vramlab
-COPY app ./app
-COPY workers ./workers
-COPY migrations ./migrations
+COPY client/pyproject.toml client/README.md ./client/
+COPY worker/pyproject.toml worker/README.md ./worker/
+RUN pip install ./client "./worker[models]" && pip uninstall -y -q vramlab-client vramlab-worker
 COPY client ./client
-RUN pip install --no-deps . && pip uninstall -y -q pip
+COPY workers ./workers
+RUN pip install --no-deps ./client ./worker && pip uninstall -y -q pip
 
 FROM base AS worker
 COPY --from=build-worker /opt/vramlab /opt/vramlab
 USER vramlab
 CMD ["vramlab", "worker", "--device", "auto"]
+
+# The model predictor: the worker-cpu environment (torch, transformers, the predictor's
+# children in workers/) plus the server's distribution (`vramlab predictor`).
+FROM build-worker-cpu-env AS build-predictor
+COPY pyproject.toml README.md ./
+RUN pip install . && pip uninstall -y -q vramlab
+COPY app ./app
+COPY migrations ./migrations
+RUN pip install --no-deps . && pip uninstall -y -q pip
+
+FROM base AS predictor
+COPY --from=build-predictor /opt/vramlab /opt/vramlab
+USER vramlab
+EXPOSE 8100
+CMD ["vramlab", "predictor", "--host", "0.0.0.0", "--port", "8100"]

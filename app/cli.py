@@ -1,7 +1,14 @@
-"""The ``vramlab`` command: serve the API, run a worker, migrate, or all at once (``up``)."""
+"""The server's commands of ``vramlab``: serve the API, migrate, tokens, the predictor, or
+the API and a local worker at once (``up``).
+
+The ``vramlab`` script is the client's (``vramlab.cli``); this distribution adds these
+commands to it through the ``vramlab.commands`` entry point group (``register``), as the
+worker's adds ``worker``. ``python -m app.cli`` runs that whole command.
+"""
 
 import argparse
 import copy
+import importlib.util
 import logging
 import os
 import secrets
@@ -91,6 +98,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_up(args: argparse.Namespace) -> int:
     """The API with an embedded database and one local worker, in one command."""
+    if importlib.util.find_spec("workers") is None:  # the worker's is another distribution
+        log.error(
+            "vramlab up runs a local worker: install the worker's distribution beside the "
+            "server's (vramlab-worker; from a checkout: pip install './worker[models]'), or "
+            "run `vramlab serve` and start workers elsewhere"
+        )
+        return 2
     settings = get_settings()
     _migrate(settings.database_url)
     # The worker reaches the API on loopback when it listens on every address.
@@ -188,10 +202,15 @@ def cmd_token(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    settings = get_settings()
-    parser = argparse.ArgumentParser(prog="vramlab", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """Add the server's commands to ``vramlab`` (the ``vramlab.commands`` entry point)."""
+    logging.getLogger("alembic").setLevel(logging.WARNING)
+    try:
+        settings = get_settings()
+    except ValidationError as exc:  # a bad environment variable: say which, not a traceback
+        for line in settings_problems(exc):
+            print(f"vramlab: {line}", file=sys.stderr)
+        raise SystemExit(2) from None
 
     def server_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--host", default=settings.host)
@@ -208,10 +227,6 @@ def build_parser() -> argparse.ArgumentParser:
     server_args(p)
     p.add_argument("--no-migrate", action="store_true", help="do not upgrade the schema first")
     p.set_defaults(func=cmd_serve)
-
-    from workers import cli as worker_cli  # the worker's command lives on its side
-
-    worker_cli.add_parser(sub)
 
     from app.experiments import predictor_service  # its children need torch; it does not
 
@@ -240,11 +255,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.set_defaults(func=cmd_up)
 
-    from vramlab import cli as client_cli  # submit, show, ls, record…: the client's commands
-
-    client_cli.register(sub)
-    return parser
-
 
 def settings_problems(exc: ValidationError) -> list[str]:
     """A settings error as one line per variable: its name, what it was, what is allowed."""
@@ -256,20 +266,23 @@ def settings_problems(exc: ValidationError) -> list[str]:
     return lines
 
 
+# Where no distribution is installed (a checkout on PYTHONPATH, as the GPU host runs the
+# tests), ``python -m app.cli`` still has every command: these are what the server's and
+# the worker's pyproject files declare in the ``vramlab.commands`` group.
+CHECKOUT_COMMANDS = {"server": "app.cli:register", "worker": "workers.cli:register"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole ``vramlab`` command: the client's, the worker's, these."""
+    from vramlab import cli
+
+    return cli.build_parser(CHECKOUT_COMMANDS)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("alembic").setLevel(logging.WARNING)
-    # One line per HTTP request would bury the CLI's status lines and the worker's log.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    try:
-        get_settings()
-    except ValidationError as exc:  # a bad environment variable: say which, not a traceback
-        for line in settings_problems(exc):
-            print(f"vramlab: {line}", file=sys.stderr)
-        return 2
-    args = build_parser().parse_args(argv)
-    code: int = args.func(args)
-    return code
+    from vramlab import cli
+
+    return cli.main(argv, CHECKOUT_COMMANDS)
 
 
 if __name__ == "__main__":

@@ -154,3 +154,12 @@ def server(database_url: str) -> Iterator[LiveServer]:
 def client(server: LiveServer) -> Iterator[httpx.Client]:
     with httpx.Client(base_url=server.url, timeout=30) as c:
         yield c
+
+
+@pytest.fixture(scope="session")
+def wheels(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The three distributions' wheels (client, worker, server), built once a session
+    from a copy of this checkout (tests/distributions.py)."""
+    from tests.distributions import build_wheels
+
+    return build_wheels(tmp_path_factory.mktemp("wheels"))

@@ -4,11 +4,24 @@ the server, and the client imports nothing of either."""
 
 import ast
 import itertools
+import re
 from collections import defaultdict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ForwardRef, get_args, get_type_hints
 
+import pytest
+
+from tests.distributions import (
+    COMMANDS_GROUP,
+    DISTRIBUTIONS,
+    declared_packages,
+    pyproject,
+    shared_packages,
+    wheel_entry_points,
+    wheel_files,
+    wheel_packages,
+)
 from vramlab import runspec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -273,3 +286,101 @@ def test_the_worker_modules_the_server_starts_are_the_known_two() -> None:
         started |= {m for m in _started_modules(path.read_text()) if m.startswith("workers")}
     assert started == {"workers.models.predict", "workers.cli"}
     assert _started_modules('cmd = [sys.executable, "-m", "workers.x", "--a"]\n') == {"workers.x"}
+
+
+# -- distributions: one owner for every package and for the script ----------------------
+
+
+def test_no_package_is_declared_by_two_distributions() -> None:
+    """Each pyproject.toml's package search picks packages no other one picks: the client
+    vramlab/, the worker workers/, the server app/ and migrations/. Installed together,
+    no wheel overwrites another's files."""
+    declared = {dist: declared_packages(folder) for dist, folder in DISTRIBUTIONS.items()}
+    assert shared_packages(declared) == {}
+    tops = {dist: {n.split(".")[0] for n in names} for dist, names in declared.items()}
+    assert tops == {
+        "vramlab-client": {"vramlab"},
+        "vramlab-worker": {"workers"},
+        "vramlab": {"app", "migrations"},
+    }
+    # Every package of this checkout is someone's (a new one is a decision).
+    for top in ("app", "workers", "migrations"):
+        subpackages = {p.parent for p in (ROOT / top).rglob("__init__.py")}
+        owned = {ROOT.joinpath(*n.split(".")) for names in declared.values() for n in names}
+        assert subpackages <= owned, sorted(map(str, subpackages - owned))
+
+
+def test_the_client_owns_the_script_and_the_others_add_commands() -> None:
+    scripts = {
+        dist: pyproject(folder)["project"].get("scripts", {})
+        for dist, folder in DISTRIBUTIONS.items()
+    }
+    assert scripts == {
+        "vramlab-client": {"vramlab": "vramlab.cli:main"},
+        "vramlab-worker": {},
+        "vramlab": {},
+    }
+    commands = {
+        dist: pyproject(folder)["project"].get("entry-points", {}).get(COMMANDS_GROUP)
+        for dist, folder in DISTRIBUTIONS.items()
+    }
+    assert commands == {
+        "vramlab-client": None,
+        "vramlab-worker": {"worker": "workers.cli:register"},
+        "vramlab": {"server": "app.cli:register"},
+    }
+
+
+def test_the_worker_and_the_server_need_the_client_and_the_worker_no_web_stack() -> None:
+    def needs(folder: str) -> set[str]:
+        found = pyproject(folder)["project"]["dependencies"]
+        return {re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0].lower() for d in found}
+
+    client, worker, server = needs("client"), needs("worker"), needs(".")
+    assert client == {"httpx"}
+    assert "vramlab-client" in worker and "vramlab-client" in server
+    assert {"torch", "numpy", "psutil"} <= worker
+    assert not worker & {"fastapi", "sqlalchemy", "alembic", "matplotlib", "uvicorn", "vramlab"}
+    assert "torch" not in server  # the API never imports torch
+
+
+def test_the_package_check_sees_a_package_in_two_distributions() -> None:
+    """Before the split, the server shipped the client's vramlab/ as well."""
+    before = {
+        "vramlab-client": {"vramlab", "vramlab.commands"},
+        "vramlab": {"app", "workers", "migrations", "vramlab", "vramlab.catalog"},
+    }
+    assert shared_packages(before) == {"vramlab": ["vramlab", "vramlab-client"]}
+
+
+@pytest.mark.slow
+def test_no_package_is_in_two_built_wheels(wheels: dict[str, Path]) -> None:
+    """The wheels as built: each top-level package in one of them, with its data files,
+    and the ``vramlab`` script in the client's alone."""
+    packages = {dist: wheel_packages(wheel) for dist, wheel in wheels.items()}
+    assert shared_packages(packages) == {}
+    assert packages == {
+        "vramlab-client": {"vramlab"},
+        "vramlab-worker": {"workers"},
+        "vramlab": {"app", "migrations"},
+    }
+    files = {dist: set(wheel_files(wheel)) for dist, wheel in wheels.items()}
+    assert {
+        "vramlab/catalog/model_types.json",
+        "vramlab/recorder_boot/sitecustomize.py",
+        "vramlab/py.typed",
+    } <= files["vramlab-client"]
+    assert {"app/gpus/cards.json", "app/ui/templates/base.html"} <= files["vramlab"]
+    assert any(f.startswith("migrations/versions/0001_") for f in files["vramlab"])
+    assert "workers/models/predict.py" in files["vramlab-worker"]
+    scripts = {
+        dist: wheel_entry_points(wheel).get("console_scripts", {}) for dist, wheel in wheels.items()
+    }
+    assert scripts == {
+        "vramlab-client": {"vramlab": "vramlab.cli:main"},
+        "vramlab-worker": {},
+        "vramlab": {},
+    }
+    commands = {dist: wheel_entry_points(w).get(COMMANDS_GROUP) for dist, w in wheels.items()}
+    assert commands["vramlab-worker"] == {"worker": "workers.cli:register"}
+    assert commands["vramlab"] == {"server": "app.cli:register"}

@@ -1,8 +1,10 @@
 """The ``vramlab worker`` command: check what the worker needs, then run its loop.
 
 It imports no web stack (FastAPI, SQLAlchemy, uvicorn) and no torch: a GPU host needs
-the worker's packages and a URL, and torch loads in the runner's processes only.
-``app.cli`` adds this command to ``vramlab`` and dispatches to it.
+the worker's distribution (``vramlab-worker``) and a URL, and torch loads in the
+runner's processes only. That distribution adds this command to the client's ``vramlab``
+through the ``vramlab.commands`` entry point group (``register``); ``python -m
+workers.cli`` runs it alone (``vramlab up`` starts its local worker so).
 """
 
 import argparse
@@ -33,11 +35,12 @@ def check_packages() -> None:
     if missing:
         raise Unfit(
             f"missing {', '.join(missing)}: install the worker's packages "
-            "(pip install 'vramlab[worker]') in this Python environment"
+            "(pip install vramlab-worker) in this Python environment"
         )
 
 
-def add_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """Add ``worker`` to ``vramlab`` (the ``vramlab.commands`` entry point)."""
     p = sub.add_parser("worker", help="run a worker that claims experiments from an API")
     p.add_argument("--api", default=os.environ.get("VRAMLAB_API_URL", "http://127.0.0.1:8000"))
     p.add_argument("--token", default=None, help="worker token (default: VRAMLAB_WORKER_TOKEN)")
@@ -180,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     parser = argparse.ArgumentParser(prog="vramlab-worker", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    add_parser(sub)
+    register(sub)
     args = parser.parse_args(["worker", *(sys.argv[1:] if argv is None else argv)])
     code: int = args.func(args)
     return code

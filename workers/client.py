@@ -1,5 +1,6 @@
 """The worker's HTTP client for the API's worker protocol. Knows nothing of torch."""
 
+import importlib.metadata
 import logging
 import time
 from collections.abc import Callable
@@ -36,6 +37,15 @@ class Refused(Exception):
         self.message = message
 
 
+def worker_version() -> str | None:
+    """This worker's distribution's version (``vramlab-worker``), which it says at
+    register; None where it runs from a checkout that was never installed."""
+    try:
+        return importlib.metadata.version(contract.WORKER_DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def _refusal_text(response: httpx.Response) -> str:
     try:
         error = response.json()["error"]
@@ -46,7 +56,15 @@ def _refusal_text(response: httpx.Response) -> str:
 
 
 class ApiClient:
-    def __init__(self, base_url: str, token: str | None = None, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None = None,
+        timeout: float = 30.0,
+        version: str | None = None,
+    ) -> None:
+        # The version it says at register: this distribution's, unless told another.
+        self.version = version or worker_version()
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.http = httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout)
 
@@ -65,7 +83,9 @@ class ApiClient:
         return response
 
     def register(self, name: str, hostname: str, capabilities: dict[str, Any]) -> dict[str, Any]:
-        body = {"name": name, "hostname": hostname, "capabilities": capabilities}
+        body: dict[str, Any] = {"name": name, "hostname": hostname, "capabilities": capabilities}
+        if self.version is not None:  # the API refuses a worker too old for it
+            body["version"] = self.version
         data: dict[str, Any] = self._check(self.http.post("/v1/worker/register", json=body)).json()
         return data
 

@@ -49,6 +49,12 @@ class LeaseLost(Conflict):
     type = "lease_lost"
 
 
+class WorkerTooOld(ApiError):
+    """A worker registered with a version this API no longer speaks to: upgrade it."""
+
+    type = "worker_too_old"
+
+
 class InvalidSpec(ApiError):
     status_code = 422
     type = "validation_error"

@@ -61,7 +61,7 @@ TIMEOUT_MEMORY_S = 600.0  # a time-out is remembered this long (a busy machine h
 SHARED_S = 60.0  # submitters heard from within this long share the lanes
 PASSED_LIMIT = "passed the limit"  # in a refusal for time (the predictor's and the service's)
 INTERNAL = "vramlab"  # the submitter of the service's own predictions (fit searches)
-EXTRA = ("log", "edge")  # what a request may add to the protocol's fields
+EXTRA = ("log", "edges")  # what a request may add to the protocol's fields
 UNAVAILABLE = (
     "no model predictor on this API host (torch and transformers are not installed "
     "beside it, and no VRAMLAB_PREDICTOR_URL is set): the peak is measured, not predicted"
@@ -79,9 +79,9 @@ class ModelPrediction:
     caveats: tuple[str, ...] = ()
     seconds: float = 0.0
     # Asked for by a plan (``extra``): the allocation log replayed for reserved (packed
-    # ints, int64 bytes), and a card's edge from the logs of a few values.
+    # ints, int64 bytes), and cards' edges from the logs of a few values (one each).
     log: bytes | None = None
-    edge: dict[str, int | None] | None = None
+    edges: tuple[dict[str, int | None], ...] | None = None
 
     def log_ints(self) -> list[int] | None:
         return None if self.log is None else array("q", self.log).tolist()
@@ -143,7 +143,7 @@ class Predictor:
     ) -> ModelPrediction:
         """The predicted peak of the spec's reported step (``allocator``: the spec's
         caching-allocator settings, which change what is reserved; ``extra``: more of the
-        predictor's protocol, ``{"log": true}`` or ``{"edge": ...}``, for plans). Blocks
+        predictor's protocol, ``{"log": true}`` or ``{"edges": ...}``, for plans). Blocks
         its thread."""
         future = self.submit(params, device_type, allocator, submitter, extra)
         try:
@@ -364,11 +364,12 @@ def _log_size(outcome: ModelPrediction | CatalogError) -> int:
 
 
 def _outcome(answer: Mapping[str, Any]) -> ModelPrediction | CatalogError:
-    if "edge" in answer and "error" not in answer:  # a card's edge (a plan's), no peak
-        found = {k: answer.get(k) for k in ("edge", "reserved_at_value")}
-        return ModelPrediction(
-            None, None, None, edge={k: None if v is None else int(v) for k, v in found.items()}
+    if "edges" in answer and "error" not in answer:  # cards' edges (a plan's), no peak
+        found = tuple(
+            {k: None if e.get(k) is None else int(e[k]) for k in ("edge", "reserved_at_value")}
+            for e in answer["edges"] or ()
         )
+        return ModelPrediction(None, None, None, edges=found)
     error = answer.get("error")
     if error is not None and error.get("unpredictable"):
         return ModelPrediction(None, None, None, (str(error.get("message")),))

@@ -83,8 +83,8 @@ def create_app(settings: "Settings") -> "FastAPI":
             )
         except (KeyError, TypeError, AttributeError):
             return JSONResponse({"detail": "not a prediction request"}, status_code=400)
-        if answer.edge is not None:
-            return JSONResponse({"id": ident, **answer.edge})
+        if answer.edges is not None:
+            return JSONResponse({"id": ident, "edges": list(answer.edges)})
         if answer.peak_allocated is None:
             message = answer.caveats[0] if answer.caveats else "not predicted"
             error = {"field": "params", "message": message, "unpredictable": True}

@@ -36,7 +36,7 @@ def planned_fit(
     the write transaction."""
     with db.session(write=False) as s:
         device = workers.default_device(s, now, settings.worker_live_seconds)
-        return fits.plan(body, s, settings, device)
+        return fits.plan(body, s, settings, device, now)
 
 
 @router.post(

@@ -24,7 +24,8 @@ from app.figures.chart import Chart, Line
 from app.fits import search as fit_search
 from app.fits.engine import OPEN, FitWake
 from app.fits.schemas import FitIn, FitOut, FitSummary, FitTrial, FitVariant, PredictedPoint
-from app.tables import Experiment, Fit, Worker
+from app.queue import live_workers
+from app.tables import Experiment, Fit
 from vramlab.contract import FitStatus, Status
 from vramlab.units import human_bytes
 
@@ -37,11 +38,14 @@ def _refused(field: str, exc: InvalidSpec) -> InvalidSpec:
     return InvalidSpec(f"{field}.{detail['field']}", detail["message"])
 
 
-def gpu_capacity(session: Session, gpu_name: str) -> int | None:
-    """The memory of the smallest registered GPU whose name contains ``gpu_name``."""
+def gpu_capacity(
+    session: Session, gpu_name: str, now: datetime, live_seconds: float
+) -> int | None:
+    """The memory of the smallest live worker's GPU whose name contains ``gpu_name`` (a
+    fit measures on one: a worker that registered once and is gone runs no trial)."""
     sizes = [
         int(g.get("total_memory") or 0)
-        for caps in session.scalars(select(Worker.capabilities))
+        for caps in live_workers.capabilities(session, now, live_seconds)
         for g in (caps.get("gpus") or [])
         if gpu_name.lower() in str(g.get("name", "")).lower()
     ]
@@ -59,7 +63,9 @@ def plan_command(raw: dict[str, Any], gpu: str) -> str:
     return " ".join([*words, f'--gpu "{gpu}"'])
 
 
-def plan(body: FitIn, session: Session, settings: Settings, default_device: str) -> Fit:
+def plan(
+    body: FitIn, session: Session, settings: Settings, default_device: str, now: datetime
+) -> Fit:
     """The fit as it will be stored, every input checked; nothing is written."""
     raw = dict(body.spec)
     if raw.get("op") != "model":
@@ -105,14 +111,14 @@ def plan(body: FitIn, session: Session, settings: Settings, default_device: str)
     elif gpu is None:
         raise InvalidSpec(
             "capacity_bytes",
-            "give capacity_bytes, or requirements.gpu_name to fit a registered worker's GPU",
+            "give capacity_bytes, or requirements.gpu_name to fit a live worker's GPU",
         )
     else:
-        found = gpu_capacity(session, gpu)
+        found = gpu_capacity(session, gpu, now, settings.worker_live_seconds)
         if found is None:
             raise InvalidSpec(
                 "requirements.gpu_name",
-                f"no registered worker has a GPU whose name contains {gpu!r}: a fit measures "
+                f"no live worker has a GPU whose name contains {gpu!r}: a fit measures "
                 f"on one. A plan predicts it now, with no worker: {plan_command(raw, gpu)} "
                 "(POST /v1/plans); or give capacity_bytes to measure on an emulated card",
             )

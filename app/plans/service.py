@@ -107,7 +107,7 @@ class Tracer:
             with ThreadPoolExecutor(max_workers=min(PARALLEL, len(todo))) as pool:
                 answers = list(pool.map(self._one, todo.values()))
             self._done.update(zip(todo, answers, strict=True))
-            self.asked += sum(1 for p in todo.values() if "__edge" not in p)  # traces
+            self.asked += sum(1 for p in todo.values() if "__edges" not in p)  # traces
         return [self._done[k] for k in keys]
 
     def one(self, params: dict[str, Any]) -> ModelPrediction:
@@ -460,25 +460,27 @@ def _edges(
 ) -> dict[tuple[int, int], dict[str, int | None]]:
     """Each (variant, card)'s edge from the variant's traced logs, replayed under the
     card's capacity by the predictor (workers/models/edges.py), all asked at once."""
-    asks: list[tuple[tuple[int, int], dict[str, Any]]] = []
+    asks: list[tuple[int, dict[str, Any]]] = []
     for v, got in zip(vs, groups, strict=True):
         logs = {x: g.log_ints() for x, g in zip(v.points, got, strict=True)}
         if not v.logged or any(logs.get(x) is None for x in v.logged):
             continue
-        points = [[x, logs[x]] for x in v.logged]
-        for i, c in enumerate(cards):
-            edge = {
-                "points": points,
-                "capacity": c.usable_bytes,
-                "step": v.step,
-                "top": v.top,
-                "value": v.value,
-            }
-            asks.append(((v.index, i), {**v.params, "__edge": edge}))
+        edges = {
+            "points": [[x, logs[x]] for x in v.logged],
+            "capacities": [c.usable_bytes for c in cards],
+            "step": v.step,
+            "top": v.top,
+            "value": v.value,
+        }
+        asks.append((v.index, {**v.params, "__edges": edges}))
     if not asks:
         return {}
     found = tracer.many([params for _, params in asks])
-    return {where: a.edge for (where, _), a in zip(asks, found, strict=True) if a.edge}
+    return {
+        (index, i): edge
+        for (index, _), a in zip(asks, found, strict=True)
+        for i, edge in enumerate(a.edges or ())
+    }
 
 
 def _answer(
@@ -561,7 +563,7 @@ def predictor_of(settings: Settings, submitter: str) -> Predict | None:
     def predict(params: dict[str, Any]) -> ModelPrediction:
         params = dict(params)
         allocator = params.pop("__allocator", None)
-        extra = {"log": params.pop("__log", False), "edge": params.pop("__edge", None)}
+        extra = {"log": params.pop("__log", False), "edges": params.pop("__edges", None)}
         extra = {k: v for k, v in extra.items() if v}
         return shared.predict(params, DEVICE, allocator, submitter, extra)
 

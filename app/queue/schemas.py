@@ -72,6 +72,16 @@ class RegisterRequest(RequestBody):
     name: str = Field(min_length=1, max_length=200, pattern=TEXT_PATTERN)
     hostname: str = Field(default="", max_length=255, pattern=TEXT_PATTERN)
     capabilities: Capabilities
+    # The worker's distribution's version; one older than the contract's
+    # MIN_WORKER_VERSION is refused (400 worker_too_old). None: a worker from before
+    # versioned registers, taken for this release only.
+    version: str | None = Field(
+        default=None,
+        max_length=64,
+        pattern=contract.VERSION_PATTERN,
+        description=f"the worker's {contract.WORKER_DISTRIBUTION} version; older than "
+        f"{contract.MIN_WORKER_VERSION} is refused (worker_too_old)",
+    )
 
 
 class WorkerLimits(BaseModel):

@@ -7,6 +7,8 @@ leases a running experiment, ``idle`` otherwise.
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from importlib.metadata import PackageNotFoundError
+from importlib.metadata import version as installed_version
 from typing import Any, Protocol
 
 from sqlalchemy import ColumnElement, and_, func, literal, or_, select, update
@@ -14,16 +16,46 @@ from sqlalchemy.orm import Session
 
 from app.access.tokens import Principal
 from app.core.db import Reader
-from app.core.errors import NotFound
+from app.core.errors import NotFound, WorkerTooOld
 from app.queue import live_workers
 from app.queue.schemas import RegisterRequest
 from app.tables import Experiment, Worker
-from vramlab.contract import Status, WorkerState
+from vramlab.contract import (
+    MIN_WORKER_VERSION,
+    WORKER_DISTRIBUTION,
+    Status,
+    WorkerState,
+    version_key,
+)
+
+
+def _server_version() -> str:
+    try:
+        return installed_version("vramlab")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "from a checkout"
+
+
+def check_version(version: str | None) -> None:
+    """Refuse a worker older than the oldest this API speaks to, naming both versions and
+    what to do. A worker that says no version predates versioned registers: still taken."""
+    if version is None or version_key(version) >= version_key(MIN_WORKER_VERSION):
+        return
+    raise WorkerTooOld(
+        f"this worker is {WORKER_DISTRIBUTION} {version}; this API (vramlab "
+        f"{_server_version()}) takes workers from {WORKER_DISTRIBUTION} {MIN_WORKER_VERSION} "
+        f"on: upgrade the worker on its host (pip install -U '{WORKER_DISTRIBUTION}>="
+        f"{MIN_WORKER_VERSION}', or its newer image) and start it again",
+        details=[
+            {"field": "version", "message": f"{version} is older than {MIN_WORKER_VERSION}"}
+        ],
+    )
 
 
 def register(
     session: Session, req: RegisterRequest, now: datetime, registered_by: str | None = None
 ) -> Worker:
+    check_version(req.version)
     worker = Worker(
         id=str(uuid.uuid4()),
         registered_by=registered_by,

@@ -35,10 +35,13 @@ from vramlab.names import (
     MAX_TRACE_EVENTS,
     MEMORY_KEYS,
     MEMORY_VIZ_ACTIONS,
+    MIN_WORKER_VERSION,
     REPORT_BATCH_PATH,
     SHARED_PROCESS_FIGURES,
     TRACE_ACTIONS,
     TRACE_CHUNK_EXPANSION,
+    VERSION_PATTERN,
+    WORKER_DISTRIBUTION,
     Category,
     ChildStart,
     ErrorType,
@@ -49,6 +52,7 @@ from vramlab.names import (
     Status,
     TraceAction,
     WorkerState,
+    version_key,
 )
 
 __all__ = [
@@ -70,10 +74,13 @@ __all__ = [
     "MAX_TRACE_EVENTS",
     "MEMORY_KEYS",
     "MEMORY_VIZ_ACTIONS",
+    "MIN_WORKER_VERSION",
     "REPORT_BATCH_PATH",
     "SHARED_PROCESS_FIGURES",
     "TRACE_ACTIONS",
     "TRACE_CHUNK_EXPANSION",
+    "VERSION_PATTERN",
+    "WORKER_DISTRIBUTION",
     "Categories",
     "Category",
     "ChildStart",
@@ -110,6 +117,7 @@ __all__ = [
     "TraceAction",
     "TraceSummary",
     "WorkerState",
+    "version_key",
 ]
 
 

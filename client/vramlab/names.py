@@ -124,6 +124,32 @@ MAX_REPORT_BATCH = 64
 # report instead of being uploaded on its own: a tiny experiment's trace costs no call.
 MAX_INLINE_TRACE_CHARS = 64 * 2**10
 
+# -- the worker's version at register ---------------------------------------------------
+# A worker says its distribution's version when it registers (``version``); the API
+# refuses one older than MIN_WORKER_VERSION (400 ``worker_too_old``, naming both versions
+# and what to install). A worker that says none predates versioned registers (vramlab
+# 0.1.0): this release still takes it, the next refuses it.
+WORKER_DISTRIBUTION = "vramlab-worker"
+MIN_WORKER_VERSION = "0.1.0"
+# A release's number, then perhaps a pre-release or local tag: 0.1.0, 0.2.0rc1, 1.0+cu126.
+VERSION_PATTERN = r"^[0-9]+(\.[0-9]+)*[0-9A-Za-z.+-]*$"
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """A version's release numbers, comparable: ``0.10.0`` after ``0.9.2``, ``0.1`` equal
+    to ``0.1.0``; a tag after the numbers (``rc1``, ``+cu126``) is not compared."""
+    numbers = []
+    for part in version.split("."):
+        digits = part[: len(part) - len(part.lstrip("0123456789"))]
+        if not digits:
+            break
+        numbers.append(int(digits))
+        if digits != part:
+            break
+    while numbers and numbers[-1] == 0:
+        numbers.pop()
+    return tuple(numbers)
+
 
 class ReportVerdict(StrEnum):
     """What became of one outcome of a batch report."""

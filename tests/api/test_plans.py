@@ -7,7 +7,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import LiveServer, make_settings
+from tests.conftest import Clock, LiveServer, make_settings
 from tests.helpers import CUDA_CAPS, register
 
 pytest.importorskip("transformers")
@@ -186,6 +186,26 @@ def test_a_fit_for_a_gpu_no_worker_has_points_to_the_plan_that_answers_now(
     assert r.status_code == 422, r.text
     message = r.json()["error"]["details"][0]["message"]
     assert 'vramlab plan gpt2 --batch 16 --seq 1024 --gpu "RTX 4090"' in message
+
+
+def test_a_fit_for_the_gpu_of_a_worker_that_is_gone_points_to_the_plan(
+    database_url: str,
+) -> None:
+    # A fit measures: a worker that registered an H100 and stopped answering runs no
+    # trial, so the fit is refused at once rather than queued for nobody.
+    clock = Clock()
+    settings = make_settings(database_url, max_experiment_bytes=128 * GiB)
+    spec = {"op": "model", "params": {"model": "gpt2", "batch_size": 16, "seq_len": 1024}}
+    body = {"spec": spec, "requirements": {"gpu_name": "H100"}, "capacity_bytes": None}
+    with LiveServer(settings, clock) as live, httpx.Client(base_url=live.url) as client:
+        register(client, CUDA_CAPS)
+        live_fit = client.post("/v1/fits", json=body)
+        assert live_fit.status_code == 202, live_fit.text
+        clock.advance(settings.worker_live_seconds + 1)
+        gone = client.post("/v1/fits", json=body)
+    assert gone.status_code == 422, gone.text
+    message = gone.json()["error"]["details"][0]["message"]
+    assert "no live worker" in message and '--gpu "H100"' in message
 
 
 def test_the_plan_page_draws_each_answer_against_the_cards_usable_memory(

@@ -25,6 +25,7 @@ from tests.helpers import (
     submit,
     succeed,
 )
+from vramlab.contract import MIN_WORKER_VERSION
 from vramlab.runspec import DEFAULT_SEQ_LEN, RunSpec
 
 
@@ -422,3 +423,29 @@ def test_a_claimed_model_spec_has_its_params_flat_and_typed(database_url: str) -
     assert run.model is not None and run.model.batch_size == 2
     assert run.model.seq_len_or_default == DEFAULT_SEQ_LEN
     assert run.wire() == spec
+
+
+def test_a_worker_older_than_the_api_speaks_to_is_refused_at_register(
+    client: httpx.Client,
+) -> None:
+    """A worker says its version at register; one older than the contract's minimum is
+    refused in the one error shape, naming both versions and what to install. One that
+    says none (before versioned registers) still registers, for this release."""
+    body = {"name": "old", "capabilities": CPU_CAPS}
+    old = client.post("/v1/worker/register", json={**body, "version": "0.0.9"})
+    assert old.status_code == 400, old.text
+    error = old.json()["error"]
+    assert error["type"] == "worker_too_old"
+    assert "vramlab-worker 0.0.9" in error["message"]
+    assert f"vramlab-worker {MIN_WORKER_VERSION}" in error["message"]
+    assert f"pip install -U 'vramlab-worker>={MIN_WORKER_VERSION}'" in error["message"]
+    assert error["details"] == [
+        {"field": "version", "message": f"0.0.9 is older than {MIN_WORKER_VERSION}"}
+    ]
+    assert client.get("/v1/workers").json() == []  # nothing registered
+    for version in (MIN_WORKER_VERSION, "0.1", "0.10.0", "1.0.0rc1+cu126", None):
+        sent = body if version is None else {**body, "version": version}
+        ok = client.post("/v1/worker/register", json=sent)
+        assert ok.status_code == 200, (version, ok.text)
+    bad = client.post("/v1/worker/register", json={**body, "version": "latest"})
+    assert bad.status_code == 422 and bad.json()["error"]["details"][0]["field"] == "version"

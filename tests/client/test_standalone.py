@@ -4,10 +4,6 @@ a program and waits for an experiment against a live service (``vramlab up``: th
 and a CPU worker, started from this checkout the way the README does)."""
 
 import json
-import os
-import shutil
-import subprocess
-import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +12,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
+from tests.distributions import listed_commands, new_venv, pip, run_in, user_env
 from tests.e2e.procs import env_for, kill_group, start, stop, wait_ready
 from tests.snapshots.test_record import FAKE_PROGRAM
 
@@ -25,63 +22,12 @@ REPO = Path(__file__).resolve().parents[2]
 SERVER_ONLY = ("fastapi", "sqlalchemy", "pydantic", "alembic", "app", "workers", "migrations")
 
 
-def _bin(venv: Path, name: str) -> str:
-    return str(venv / "bin" / name)
-
-
-def _in(
-    venv: Path,
-    env: dict[str, str],
-    tool: str,
-    *args: str,
-    cwd: Path | None = None,
-    timeout: float = 300,
-) -> subprocess.CompletedProcess[str]:
-    """The venv's ``tool`` (its python, its vramlab) run with ``args`` as a user would."""
-    return subprocess.run(
-        [_bin(venv, tool), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
-    )
-
-
-def _env(venv: Path, api: str = "http://127.0.0.1:9") -> dict[str, str]:
-    """A user's shell in the venv: nothing of this checkout on the path."""
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("VRAMLAB_", "PYTHON", "VIRTUAL"))
-    }
-    env["PATH"] = os.pathsep.join([str(venv / "bin"), env.get("PATH", "")])
-    env["VRAMLAB_API_URL"] = api
-    return env
-
-
-def _pip(venv: Path, *args: str) -> None:
-    done = subprocess.run(
-        [_bin(venv, "python"), "-m", "pip", "install", "-q", *args],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-
-
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``pip install ./client`` into a new venv (a copy of the folder, so that the build
-    leaves nothing in the checkout), then torch, as a training environment has it."""
-    root = tmp_path_factory.mktemp("client-alone")
-    venv = root / "venv"
-    try:
-        subprocess.run(
-            [sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True, timeout=300
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        pytest.skip(f"cannot make a venv here: {exc}")
-    source = root / "client"
-    shutil.copytree(
-        REPO / "client",
-        source,
-        ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"),
-    )
-    _pip(venv, str(source))
+def venv(tmp_path_factory: pytest.TempPathFactory, wheels: dict[str, Path]) -> Path:
+    """The client's wheel alone into a new venv (its one dependency from the index), then
+    torch, as a training environment has it."""
+    venv = new_venv(tmp_path_factory.mktemp("client-alone"))
+    pip(venv, "install", "-q", str(wheels["vramlab-client"]))
     return venv
 
 
@@ -126,33 +72,37 @@ def test_the_client_installs_without_the_server(venv: Path, tmp_path: Path) -> N
         print(sorted(m for m in sys.modules if m.split(".")[0] in {SERVER_ONLY!r}))
         """
     )
-    done = _in(venv, _env(venv), "python", "-c", probe, cwd=tmp_path, timeout=120)
+    done = run_in(venv, user_env(venv), "python", "-c", probe, cwd=tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
-    helped = _in(venv, _env(venv), "vramlab", "--help")
+    helped = run_in(venv, user_env(venv), "vramlab", "--help")
     assert helped.returncode == 0, helped.stderr
-    listed = helped.stdout.split("{", 1)[1].split("}", 1)[0].split(",")
-    assert {"submit", "show", "ls", "sweep", "fit", "record"} <= set(listed)
-    assert not {"serve", "up", "worker", "migrate", "token"} & set(listed)  # the server's
+    listed = listed_commands(helped.stdout)
+    assert {"submit", "show", "ls", "sweep", "fit", "record"} <= listed
+    # The worker's and the server's commands come with their distributions.
+    assert not {"serve", "up", "worker", "migrate", "token", "predictor"} & listed
 
 
 @pytest.fixture(scope="module")
 def with_torch(venv: Path) -> Path:
-    _pip(venv, "torch==2.13.0")
+    pip(venv, "install", "-q", "torch==2.13.0")
     return venv
 
 
 def test_submit_wait_and_the_python_api(with_torch: Path, service: str, tmp_path: Path) -> None:
-    env = _env(with_torch, service)
+    env = user_env(with_torch, service)
     submit = ("submit", "--op", "add", "--shape", "64x64", "--device", "cpu")
-    done = _in(with_torch, env, "vramlab", *submit, "--wait", "--give-up", "120", "--json")
+    done = run_in(with_torch, env, "vramlab", *submit, "--wait", "--give-up", "120", "--json")
     assert done.returncode == 0, done.stderr
     exp = json.loads(done.stdout)
     assert exp["status"] == "succeeded", exp
     assert exp["result"]["memory"]["delta_allocated"] > 0
 
-    shown = _in(with_torch, env, "vramlab", "show", exp["id"][:8], timeout=60)
+    shown = run_in(with_torch, env, "vramlab", "show", exp["id"][:8], timeout=60)
     assert shown.returncode == 0 and "delta_allocated" in shown.stdout, shown.stderr
+    listed = run_in(with_torch, env, "vramlab", "ls", "--json", timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    assert exp["id"] in {e["id"] for e in json.loads(listed.stdout)["items"]}
 
     program = textwrap.dedent(
         """
@@ -167,13 +117,13 @@ def test_submit_wait_and_the_python_api(with_torch: Path, service: str, tmp_path
                 print(exc.status_code, exc.type)
         """
     )
-    api = _in(with_torch, env, "python", "-c", program, cwd=tmp_path, timeout=300)
+    api = run_in(with_torch, env, "python", "-c", program, cwd=tmp_path, timeout=300)
     assert api.returncode == 0, api.stderr
     assert api.stdout.split() == ["422", "validation_error"]
 
 
 def test_record_a_program(with_torch: Path, service: str, tmp_path: Path) -> None:
-    env = _env(with_torch, service)
+    env = user_env(with_torch, service)
     # A program that uses torch: recorded on a GPU; on a CPU the boot says why not.
     real = tmp_path / "real.py"
     real.write_text(
@@ -181,10 +131,10 @@ def test_record_a_program(with_torch: Path, service: str, tmp_path: Path) -> Non
             "DEVICE", "'cuda' if torch.cuda.is_available() else 'cpu'"
         )
     )
-    done = _in(
+    done = run_in(
         with_torch, env, "vramlab", "record", "--", "python", str(real), cwd=tmp_path, timeout=300
     )
-    has_cuda = _in(
+    has_cuda = run_in(
         with_torch, env, "python", "-c", "import torch; print(torch.cuda.is_available())"
     ).stdout.strip()
     if has_cuda == "True":
@@ -197,7 +147,7 @@ def test_record_a_program(with_torch: Path, service: str, tmp_path: Path) -> Non
     # Where there is no GPU: a program that leaves what PyTorch's dump would.
     fake = tmp_path / "train.py"
     fake.write_text(FAKE_PROGRAM.format(root=str(REPO)))
-    done = _in(
+    done = run_in(
         with_torch,
         env,
         "vramlab",
@@ -226,7 +176,7 @@ def test_record_a_program(with_torch: Path, service: str, tmp_path: Path) -> Non
         print(run.code, run.snapshot["id"])
         """
     )
-    done = _in(with_torch, env, "python", "-c", program, cwd=tmp_path, timeout=300)
+    done = run_in(with_torch, env, "python", "-c", program, cwd=tmp_path, timeout=300)
     assert done.returncode == 0, done.stderr
     code, snap_id = done.stdout.split()
     assert code == "4"  # the program's status

@@ -259,7 +259,7 @@ def test_a_user_submits_and_the_cpu_worker_container_runs_it(stack: Stack) -> No
         assert bounced.status_code == 303 and bounced.headers["location"] == "/ui/signin"
 
 
-def test_a_model_spec_is_predicted_through_the_stack(stack: Stack) -> None:
+def test_a_model_spec_is_predicted_and_planned_through_the_stack(stack: Stack) -> None:
     """The api image has no torch: the predictor container answers for it (issue 29)."""
     spec = {
         "op": "model",
@@ -282,6 +282,18 @@ def test_a_model_spec_is_predicted_through_the_stack(stack: Stack) -> None:
                 timeout=300,
             )
             assert refused.status_code == 422, refused.text
+    with stack.step("a plan for two GPUs, its edges from the predictor container"):
+        with stack.client() as client:
+            plan = {
+                "spec": {"op": "model", "params": {"model": "gpt2", "batch_size": 4}},
+                "gpus": ["RTX 4090", "H100"],
+                "suggest": False,
+            }
+            answered = client.post("/v1/plans", json=plan, timeout=300)
+            assert answered.status_code == 200, (answered.text, stack.logs())
+            edges = [a["predicted_max_fitting"] for a in answered.json()["answers"]]
+            assert answered.json()["predicted"] is True
+            assert 4 < edges[0] < edges[1], edges  # the 24 GB card holds less than 80 GB
 
 
 def test_every_container_is_healthy_and_the_logs_hold_no_routine_noise(stack: Stack) -> None:

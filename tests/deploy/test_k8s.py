@@ -318,13 +318,14 @@ def test_the_api_runs_several_replicas_behind_one_service_with_probes(rendered: 
 
 def test_the_api_gets_predictions_from_the_predictor_service(rendered: list) -> None:
     """The api image has no torch: its model predictions come from `vramlab predictor`
-    in the worker-cpu image, behind a Service the API's settings name."""
+    in the predictor image (the worker-cpu image's torch plus the server), behind a
+    Service the API's settings name."""
     settings = named(rendered, "ConfigMap", "vramlab-settings")["data"]
     assert "VRAMLAB_MODEL_PREDICTIONS" not in settings  # predictions are on
     predictor = named(rendered, "Deployment", "vramlab-predictor")
     pod = predictor["spec"]["template"]
     c = pod["spec"]["containers"][0]
-    assert c["image"].startswith("registry.example.org/vramlab/worker-cpu:")
+    assert c["image"].startswith("registry.example.org/vramlab/predictor:")
     args = build_parser().parse_args(c["args"][1:])
     assert args.command == "predictor"
     service = named(rendered, "Service", "vramlab-predictor")

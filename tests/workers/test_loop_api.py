@@ -2,6 +2,7 @@
 outcome the API refuses is stored as a short `report_refused` failure, and the worker
 goes on to the next experiment."""
 
+import importlib.metadata
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +12,8 @@ import pytest
 from tests.conftest import LiveServer, make_settings
 from tests.helpers import MEMORY, submit
 from tests.workers.test_loop import FakeRunner, succeeded, with_trace
-from vramlab.contract import ErrorType, Status
-from workers.client import ApiClient
+from vramlab.contract import MIN_WORKER_VERSION, ErrorType, Status
+from workers.client import ApiClient, Refused
 from workers.endings import Outcome
 from workers.loop import WorkerLoop
 
@@ -119,3 +120,32 @@ def test_a_batching_loop_claims_and_reports_many_at_once_and_stores_each_outcome
                 assert len(trace["events"]) == 30 + i, trace
             else:
                 assert exp["status"] == "failed" and exp["error"]["message"] == f"out of memory {i}"
+
+
+def test_a_worker_says_its_version_and_an_old_one_is_refused_at_register(
+    server: LiveServer,
+) -> None:
+    """The worker's client says its distribution's version at register: the API takes
+    this one, and refuses one older than it speaks to, which the loop does not retry."""
+    try:
+        installed: str | None = importlib.metadata.version("vramlab-worker")
+    except importlib.metadata.PackageNotFoundError:  # a checkout on PYTHONPATH only
+        installed = None
+    current = ApiClient(server.url)
+    assert current.version == installed
+    old = ApiClient(server.url, version="0.0.1")
+    new_loop = WorkerLoop(current, FakeRunner(), name="new", wait_s=0)
+    old_loop = WorkerLoop(old, FakeRunner(), name="old", wait_s=0)
+    new_loop.capabilities = old_loop.capabilities = FakeRunner().capabilities()
+    try:
+        assert new_loop.register()
+        with pytest.raises(Refused) as refused:
+            old_loop.register()
+    finally:
+        current.close()
+        old.close()
+    assert refused.value.status_code == 400
+    assert refused.value.message.startswith("worker_too_old: this worker is vramlab-worker 0.0.1")
+    assert f"from vramlab-worker {MIN_WORKER_VERSION} on" in refused.value.message
+    names = [w["name"] for w in httpx.get(f"{server.url}/v1/workers", timeout=30).json()]
+    assert names == ["new"]

@@ -49,7 +49,7 @@ def test_a_worker_without_its_packages_exits_before_registering(
 ) -> None:
     done = worker(api.url, "--device", "cpu", hide=module)
     assert done.returncode == EXIT_UNFIT, done.stderr
-    assert f"missing {words}" in done.stderr and "vramlab[worker]" in done.stderr
+    assert f"missing {words}" in done.stderr and "pip install vramlab-worker" in done.stderr
     assert workers_listed(api) == []
 
 

@@ -110,22 +110,36 @@ def at(log: Log, x: int) -> Events | None:
     return out
 
 
-def edge(fits: Callable[[int], bool | None], step: int, top: int) -> int | None:
+def edge(
+    fits: Callable[[int], bool | None], step: int, top: int, guess: int | None = None
+) -> int | None:
     """The largest multiple of ``step`` up to ``top`` that fits (0: not even ``step``),
-    by bisection; None where a value could not be synthesized."""
+    searched from ``guess`` (doubling away from it, then bisecting: a good guess costs two
+    or three replays); None where a value could not be synthesized."""
+    last = top // step  # in units of step
     first = fits(step)
-    if first is None and top >= 2 * step:  # step itself cannot be synthesized
+    if first is None and last >= 2:  # step itself cannot be synthesized
         first = fits(2 * step) or None  # fitting there, it fits at step
     if first is None:
         return None
     if not first:
         return 0
-    last = fits(top // step * step)
-    if last is None:
-        return None
-    if last:
-        return top // step * step
-    lo, hi = 1, top // step  # fits at lo * step, not at hi * step
+    lo, hi = 1, last + 1  # fits at lo * step; hi: past the end, or does not fit
+    g = min(max(1, (guess or step) // step), last)
+    stride = 1
+    while hi - lo > 1:  # gallop from the guess until the edge is bracketed
+        ok = fits(g * step)
+        if ok is None:
+            return None
+        if ok:
+            lo = g
+            g = min(g + stride, hi - 1)
+        else:
+            hi = g
+            g = max(g - stride, lo + 1)
+        stride *= 2
+        if g >= hi or g <= lo:
+            break
     while hi - lo > 1:
         mid = (lo + hi) // 2
         ok = fits(mid * step)

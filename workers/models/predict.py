@@ -536,9 +536,10 @@ def answer(request: Mapping[str, Any]) -> dict[str, Any]:
         params = ModelParams.from_wire(request["params"])
         device = str(request.get("device") or "cuda")
         _import_classes(params)
-        if request.get("edge") is not None:
+        asked = request.get("edges")
+        if asked is not None:
             with cpu_limit(float(limit) if limit else None):
-                return {"id": ident, **plan_edge(request["edge"], device, request.get("allocator"))}
+                return {"id": ident, **plan_edges(asked, device, request.get("allocator"))}
         with cpu_limit(float(limit) if limit else None):
             logged = bool(request.get("log"))
             return {"id": ident, **predict(params, device, request.get("allocator"), logged)}
@@ -565,22 +566,27 @@ def answer(request: Mapping[str, Any]) -> dict[str, Any]:
 
 MAX_POINTS = 4  # traced values an edge request may carry
 MAX_LOG = 4_000_000  # ints in one packed log
+MAX_CAPACITIES = 64  # cards one edge request may ask about
 
 
-def plan_edge(request: Mapping[str, Any], device_type: str, allocator: Any) -> dict[str, Any]:
-    """A card's edge from the logs traced at a few values (workers/models/edges.py):
-    ``{"points": [[value, packed log], ...], "capacity", "step", "top", "value"}`` ->
-    ``{"edge": the largest fitting multiple of step up to top (0: none), "reserved_at_value":
-    what the capped allocator reserves at value}``; both None where the logs do not line up
-    (the caller then traces)."""
-    none: dict[str, Any] = {"edge": None, "reserved_at_value": None}
+def plan_edges(request: Mapping[str, Any], device_type: str, allocator: Any) -> dict[str, Any]:
+    """Each card's edge from the logs traced at a few values (workers/models/edges.py):
+    ``{"points": [[value, packed log], ...], "capacities": [...], "step", "top", "value"}``
+    -> ``{"edges": [{"edge": the largest fitting multiple of step up to top (0: none),
+    "reserved_at_value": what the capped allocator reserves at value}, ...]}``, one per
+    capacity, each None where the logs do not line up (the caller then traces)."""
+    capacities = request.get("capacities")
+    if not isinstance(capacities, list) or not 1 <= len(capacities) <= MAX_CAPACITIES:
+        return {"edges": None}
+    none: dict[str, Any] = {"edges": [{"edge": None, "reserved_at_value": None}] * len(capacities)}
     settings = _settings(allocator) if device_type == "cuda" else None
     points = request.get("points")
     if settings is None or not isinstance(points, list) or not 2 <= len(points) <= MAX_POINTS:
         return none
     try:
-        capacity, step, top, value = (int(request[k]) for k in ("capacity", "step", "top", "value"))
-        if capacity <= 0 or not 1 <= step <= top or value < 1:
+        step, top, value = (int(request[k]) for k in ("step", "top", "value"))
+        caps = [int(c) for c in capacities]
+        if min(caps) <= 0 or not 1 <= step <= top or value < 1:
             return none
         logs = []
         for x, flat in points:
@@ -592,20 +598,52 @@ def plan_edge(request: Mapping[str, Any], device_type: str, allocator: Any) -> d
     fit = edges.fitted(logs)
     if fit is None:
         return none
-    seen: dict[int, int | None] = {}
+    made: dict[int, edges.Events | None] = {}  # each value's log, shared by the cards
 
-    def reserved(x: int) -> int | None:
-        if x not in seen:
-            events = edges.at(fit, x)
-            seen[x] = None if events is None else reserved_peak(events, settings, capacity)
-        return seen[x]
+    def log_at(x: int) -> edges.Events | None:
+        if x not in made:
+            made[x] = edges.at(fit, x)
+        return made[x]
+
+    # Each card's search starts where the line through the points' reserved crosses it.
+    (x1, log1), (x2, log2) = logs[0], logs[1]
+    y1, y2 = reserved_peak(log1, settings), reserved_peak(log2, settings)
+    slope = (y2 - y1) / (x2 - x1)
+
+    def guess(capacity: int) -> int:
+        return int(x1 + (capacity - y1) / slope) if slope > 0 else value
+
+    out = [_edge_under(c, log_at, settings, step, top, value, guess(c)) for c in caps]
+    return {"edges": out}
+
+
+def _edge_under(
+    capacity: int,
+    log_at: Any,
+    settings: Settings,
+    step: int,
+    top: int,
+    value: int,
+    guess: int,
+) -> dict[str, int | None]:
+    """One card's edge: a search from ``guess`` over the synthesized logs replayed under
+    its capacity."""
 
     def fits(x: int) -> bool | None:
-        got = reserved(x)
-        return None if got is None else got <= capacity
+        events = log_at(x)
+        if events is None:
+            return None
+        # What reserved_peak would say, without replaying uncapped where the cap is hit.
+        capped = replay(
+            [(key, nbytes, 0) for key, nbytes in events],
+            CachingAllocator(settings, fraction_limit=capacity),
+        )
+        return not capped.oom and capped.peak_reserved <= capacity
 
-    found = edges.edge(fits, step, top)
-    return {"edge": found, "reserved_at_value": None if found is None else reserved(value)}
+    found = edges.edge(fits, step, top, guess)
+    at_value = None if found is None else log_at(value)
+    held = None if at_value is None else reserved_peak(at_value, settings, capacity)
+    return {"edge": found, "reserved_at_value": held}
 
 
 def _import_classes(params: ModelParams) -> None:

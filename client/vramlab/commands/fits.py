@@ -187,7 +187,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--vary", choices=list(FIT_VARIES), default="batch_size")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--capacity", type=parse_bytes, help="e.g. 24GiB")
-    where.add_argument("--gpu", help="a registered worker's GPU (by name): its memory")
+    where.add_argument("--gpu", help="a live worker's GPU (by name): its memory")
     p.add_argument(
         "--variant",
         action="append",
