@@ -94,6 +94,12 @@ def check(params: Mapping[str, Any], kind: str, device: str | None) -> None:
         raise CatalogError(
             "device", "a distributed run takes cuda:0 to cuda:N-1: name cuda (or cuda:0)"
         )
+    if dist.get("offload_optimizer") and device is not None and device.startswith("cpu"):
+        raise CatalogError(
+            f"{FIELD}.offload_optimizer",
+            "moves the shards and the optimizer's state from the GPUs to the host: it needs "
+            "a CUDA device (on the CPU there is nothing to offload from)",
+        )
     refused = {
         "quantization": "a bitsandbytes-quantized base is not sharded or replicated here",
         "peft": "LoRA across GPUs is not measured yet",

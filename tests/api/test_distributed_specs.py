@@ -35,6 +35,10 @@ FSDP4 = {"strategy": "fsdp", "gpus": 4}
             "params.precision",
         ),
         ({"distributed": DDP2, "peft": {"r": 8}}, "params.peft"),
+        (
+            {"distributed": {"strategy": "fsdp", "gpus": 2, "offload_optimizer": True}},
+            "params.distributed.offload_optimizer",
+        ),
         ({"distributed": DDP2, "capacity_bytes": 2**30}, "params.capacity_bytes"),
     ],
 )
