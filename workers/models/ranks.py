@@ -30,7 +30,11 @@ import torch
 import torch.distributed as dist
 
 from vramlab.runspec import Distributed, ModelParams
+from workers import limits
 
+# The service's byte cap a CUDA rank's allocator is held to (the child's own is per process;
+# on the CPU the ranks inherit its data limit).
+CAP_ENV = "VRAMLAB_RANK_CAP_BYTES"
 # How long a rank waits on the others at a collective before giving up (a rank that
 # died leaves the rest waiting: the child stops them first, this is the backstop).
 COLLECTIVE_TIMEOUT_S = 300
@@ -46,6 +50,9 @@ def run(params: ModelParams, device: torch.device) -> dict[str, Any]:
         # The experiment's child is a daemonic process (no multiprocessing children):
         # the ranks are interpreters of their own, started as the worker was.
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([_ROOT, *_pythonpath()])}
+        limit = limits.active()
+        if limit is not None and device.type == "cuda":  # the service's cap, on each GPU
+            env[CAP_ENV] = str(limit.cap)
         procs = [
             subprocess.Popen(
                 [sys.executable, "-m", "workers.models.ranks", str(r), device.type, folder],
@@ -133,6 +140,10 @@ def _rank(rank: int, device_type: str, folder: str) -> None:
     device = torch.device("cuda", rank) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
+        cap = int(os.environ.get(CAP_ENV) or 0)
+        if cap:
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
     else:
         torch.set_num_threads(1)  # N ranks share the host's cores
     dist.init_process_group(
