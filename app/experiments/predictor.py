@@ -22,7 +22,8 @@ time-out for ``TIMEOUT_MEMORY_S``), and a spec asked again while it is being pre
 waits for that answer. Specs waiting for a lane are served in turns across submitters
 (a submitter is its token, or its address when auth is off), each with at most
 ``per_submitter`` waiting and, while others have asked in the last minute, on all lanes
-but one at most: one submitter's flood delays its own specs, not others'.
+but one while anyone else has a spec waiting (a lane nobody else needs is not left idle):
+one submitter's flood delays its own specs, not others', by one prediction at most.
 """
 
 from __future__ import annotations
@@ -284,8 +285,8 @@ class Predictor:
 
     def _take(self) -> _Job | None:
         """The next submitter's next spec, in turns; while others have asked lately, a
-        submitter already running on all lanes but one waits (a lane stays free for
-        them)."""
+        submitter already running on all lanes but one comes after every submitter below
+        that (and takes the last lane only when none of them has a spec waiting)."""
         with self._cond:
             while not self._closed:
                 now = time.monotonic()
@@ -294,6 +295,11 @@ class Predictor:
                 submitter = next(
                     (who for who in self._turns if self._running.get(who, 0) < cap), None
                 )
+                if submitter is None and self._turns:
+                    # Everyone waiting is at the cap: nobody else needs this free lane now,
+                    # so it is not left idle (a spec from another submitter waits at most
+                    # for one prediction, which the per-prediction limit bounds).
+                    submitter = self._turns[0]
                 if submitter is not None:
                     break
                 self._cond.wait()

@@ -156,6 +156,46 @@ def test_submitters_take_turns(database_url: str, fake: FakePredictor) -> None:
     assert max(order.index(101), order.index(102)) < 5, order
 
 
+def test_a_lane_nobody_else_needs_is_not_left_idle(database_url: str, fake: FakePredictor) -> None:
+    """After another submitter asked (so turns are shared), one submitter's two specs
+    take both lanes at once while nobody else has a spec waiting; the other submitter's
+    next spec is then served as soon as a lane is free, before the first's third."""
+    settings = make_settings(
+        database_url, predictor_url=fake.url, model_predictor_children=2, auth="on"
+    )
+    first, second = create_token(database_url, "submit"), create_token(database_url, "submit")
+
+    async def scenario(url: str) -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+
+            def submit(token: str, batch: int) -> "asyncio.Future[httpx.Response]":
+                return asyncio.ensure_future(
+                    http.post("/v1/experiments", json=model_spec(batch), headers=bearer(token))
+                )
+
+            fake.held = False
+            assert (await submit(second, 100)).status_code == 202  # B has asked lately
+            fake.held = True
+            pair = [submit(first, b) for b in (1, 2)]
+            await asyncio.to_thread(fake.wait_for, 3)  # both of A's on the two lanes
+            third = submit(first, 3)
+            await asyncio.sleep(0.3)  # A's third waits: both lanes are busy
+            other = submit(second, 101)
+            await asyncio.sleep(0.3)
+            fake.gate.release()  # one lane frees: B's spec goes before A's third
+            await asyncio.to_thread(fake.wait_for, 4)
+            fake.held = False
+            for _ in range(10):
+                fake.gate.release()
+            return list(await asyncio.gather(*pair, third, other))
+
+    with LiveServer(settings) as live:
+        answers = asyncio.run(scenario(live.url))
+    assert [r.status_code for r in answers] == [202] * 4
+    order = [r["params"]["batch_size"] for r in fake.requests]
+    assert sorted(order[1:3]) == [1, 2] and order[3:] == [101, 3], order
+
+
 def test_a_submitter_may_not_queue_without_bound(database_url: str, fake: FakePredictor) -> None:
     settings = make_settings(
         database_url,
