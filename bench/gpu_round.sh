@@ -6,6 +6,8 @@
 set -u
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
 export PYTHONPATH=$PWD:$PWD/client:$PWD/.site:/tmp/site PYTHONUNBUFFERED=1
+# NVLink multicast stays off on shared GPU hosts (the ranks and plain scripts inherit it).
+export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0} TORCH_SYMM_MEM_DISABLE_MULTICAST=${TORCH_SYMM_MEM_DISABLE_MULTICAST:-1} NVSHMEM_DISABLE_NVLS=${NVSHMEM_DISABLE_NVLS:-1}
 out=${OUT:-/tmp/gpu_round}
 mkdir -p "$out/logs"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/logs/gpu.txt"
@@ -20,12 +22,15 @@ step() {
 }
 step cuda-tests "${CUDA_TESTS_S:-200}" python3 -m pytest -q -m cuda -p no:cacheprovider tests/workers
 step truth "${TRUTH_S:-170}" python3 -m bench.truth.run --only ${TRUTH_CASES:-dropout-gpt2 lora-r8-llama1b adamw8bit-llama1b liger-llama1b} --out "$out/logs/truth.json"
+# Several GPUs of one host (a 2- or 4-GPU machine; cases needing more GPUs are skipped).
+step distributed-tests "${DIST_TESTS_S:-0}" python3 -m pytest -q -m cuda -p no:cacheprovider tests/workers/test_distributed_cuda.py
+step distributed-truth "${DIST_TRUTH_S:-0}" python3 -m bench.truth.run --only ${DIST_CASES:-ddp-gpt2-2 fsdp-llama8b-2 fsdp-llama1b-bf16mp-2 ddp-gpt2-4 fsdp-llama8b-4 hsdp-llama1b-4} --out "$out/logs/distributed.json"
 step sweep "${SWEEP_S:-60}" python3 bench/sweep_rate.py --device cuda --runs 1
 step trials "${TRIALS_S:-80}" python3 bench/model_trials.py --device cuda --model gpt2 --trials 4 --batch 4 --seq 256
 tar -C "$out" -czf "$out/logs.tar.gz" logs
-for f in cuda-tests truth sweep trials; do
+for f in cuda-tests truth distributed-tests distributed-truth sweep trials; do
   echo "== $f"
-  grep -v -i "warn" "$out/logs/$f.log" | tail -n 14
+  [ -f "$out/logs/$f.log" ] && grep -v -i "warn" "$out/logs/$f.log" | tail -n 14
 done
 echo "| step | exit | time |"
 echo "| --- | --- | --- |"

@@ -66,3 +66,22 @@ def test_the_plain_script_counts_what_the_worker_counts(params: dict[str, Any]) 
     assert truth["trainable_parameters"] == figures["trainable_parameter_count"]
     assert truth["gradients"] == figures["gradient_bytes"]
     assert truth["optimizer_state"] == figures["optimizer_state_bytes"]
+
+
+@pytest.mark.slow
+def test_the_plain_distributed_script_counts_what_each_rank_counts() -> None:
+    """bench/truth/plain_distributed.py on the CPU (gloo, 2 ranks) against vramlab's
+    distributed experiment: each rank's shards to the byte."""
+    from bench.truth.run import DISTRIBUTED, on_cpu, vramlab
+    from bench.truth.run import plain as plain_run
+
+    params = on_cpu(DISTRIBUTED["fsdp-llama8b-2"])
+    truth = plain_run(params, cpu=True)
+    ours = vramlab(params, cpu=True)
+    assert "error" not in truth and "error" not in ours, (truth, ours)
+    ranks = ours["measured"]["ranks"]
+    assert [r["rank"] for r in truth["ranks"]] == [r["rank"] for r in ranks] == [0, 1]
+    for plain_rank, rank in zip(truth["ranks"], ranks, strict=True):
+        assert plain_rank["parameters"] == rank["parameter_bytes"]
+        assert plain_rank["gradients"] == rank["gradient_bytes"]
+        assert plain_rank["optimizer_state"] == rank["optimizer_state_bytes"]

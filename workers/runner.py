@@ -63,8 +63,11 @@ def _never() -> bool:
 
 def _devices(spec: RunSpec) -> tuple[str, ...]:
     """Every device the spec's tensors live on: its own, another operand's, the plan's."""
-    # The catalog's plan names every device (other operands, pinned memory, steps).
-    return (spec.device, spec.source_device, *spec.planned_devices)
+    # The catalog's plan names every device (other operands, pinned memory, steps); a
+    # distributed model's ranks take cuda:0 to cuda:N-1, and the run holds them all.
+    plan = spec.model.parallel if spec.model is not None else None
+    ranks = plan.devices(spec.device) if plan is not None else ()
+    return (spec.device, spec.source_device, *spec.planned_devices, *ranks)
 
 
 def _needs_cuda(spec: RunSpec) -> bool:

@@ -15,6 +15,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from app.catalog import distributed
 from vramlab.catalog.errors import CatalogError
 
 Params = Mapping[str, Any]
@@ -135,6 +136,8 @@ def normalize(params: dict[str, Any]) -> dict[str, Any]:
         out["quantization"] = check_quantization(out["quantization"])
     if out.get("peft") is not None:
         out["peft"] = check_lora(out["peft"])
+    if out.get("distributed") is not None:
+        out["distributed"] = distributed.normalize(out["distributed"])
     return out
 
 
@@ -302,3 +305,4 @@ def check_finetune(params: Params, kind: str, device: str | None) -> None:
             raise CatalogError("params.loss", "Liger's fused loss is for training causal LMs")
     if params.get("max_grad_norm") is not None and task != "train":
         raise CatalogError("params.max_grad_norm", "clipping is for training")
+    distributed.check(params, kind, device)

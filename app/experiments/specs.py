@@ -185,6 +185,15 @@ def _predict_model(
         "predicted_for": predicted_for(device_type),
         "caveats": caveats,
     }
+    plan = params.get("distributed")
+    if plan:  # ranks on equal batches hold alike: rank 0 traced, each rank its figures
+        peaks = {k: out[k] for k in ("peak_allocated", "peak_reserved", "categories")}
+        out["ranks"] = [{"rank": r, **peaks} for r in range(int(plan["gpus"]))]
+        caveats.append(
+            f"per rank, each of {plan['gpus']}: rank 0's step traced under PyTorch's fake "
+            f"process group (collectives move no bytes; {plan['strategy']}'s ranks on equal "
+            f"batches hold alike)"
+        )
     if answer.peak_allocated > settings.max_experiment_bytes and not bounded:
         raise OverTheCap(out, params, settings.max_experiment_bytes)
     return out
@@ -277,6 +286,9 @@ def accept(
     # its step runs on the device the spec names (a CPU worker must never take it).
     on_devices = {*plan.devices, device}
     cuda_indexes = [parse_device(d)[1] for d in on_devices if d.startswith("cuda")]
+    ranks = (plan.params.get("distributed") or {}).get("gpus") if spec.op == MODEL_OP else None
+    if ranks and cuda_indexes:  # one rank a GPU: cuda:0 to cuda:N-1 of one worker's host
+        cuda_indexes.append(int(ranks) - 1)
     # Tags as stored: each once, in the order given.
     tags = list(dict.fromkeys(spec.tags))
     accepted = spec.model_copy(update={"params": plan.params, "device": device, "tags": tags})

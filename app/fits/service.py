@@ -38,9 +38,7 @@ def _refused(field: str, exc: InvalidSpec) -> InvalidSpec:
     return InvalidSpec(f"{field}.{detail['field']}", detail["message"])
 
 
-def gpu_capacity(
-    session: Session, gpu_name: str, now: datetime, live_seconds: float
-) -> int | None:
+def gpu_capacity(session: Session, gpu_name: str, now: datetime, live_seconds: float) -> int | None:
     """The memory of the smallest live worker's GPU whose name contains ``gpu_name`` (a
     fit measures on one: a worker that registered once and is gone runs no trial)."""
     sizes = [

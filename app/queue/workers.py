@@ -46,9 +46,7 @@ def check_version(version: str | None) -> None:
         f"{_server_version()}) takes workers from {WORKER_DISTRIBUTION} {MIN_WORKER_VERSION} "
         f"on: upgrade the worker on its host (pip install -U '{WORKER_DISTRIBUTION}>="
         f"{MIN_WORKER_VERSION}', or its newer image) and start it again",
-        details=[
-            {"field": "version", "message": f"{version} is older than {MIN_WORKER_VERSION}"}
-        ],
+        details=[{"field": "version", "message": f"{version} is older than {MIN_WORKER_VERSION}"}],
     )
 
 

@@ -8,6 +8,12 @@ the same machine session. Prints a table and writes the figures as JSON:
 Columns: the plain step-2 peak, vramlab's measured step-2 peak and its predicted peak
 (allocated bytes), their errors against the plain peak, and whether parameters,
 gradients and optimizer state equal the plain script's to the byte.
+
+Distributed cases (``ddp-*``, ``fsdp-*``, ``hsdp-*``) run bench/truth/plain_distributed.py
+(N ranks under NCCL) and vramlab's distributed experiment, one row per rank; a host needs
+as many GPUs as the case names (the others are skipped, saying so). ``--cpu`` runs the
+distributed cases with tiny models on the CPU under gloo, a smoke test of both sides
+(the CPU's plain script reports no peaks).
 """
 
 from __future__ import annotations
@@ -87,11 +93,88 @@ CASES: dict[str, dict[str, Any]] = {
 }
 
 
+# Several GPUs of one host: batch_size is per GPU.
+DISTRIBUTED: dict[str, dict[str, Any]] = {
+    "ddp-gpt2-2": {
+        "model": "gpt2",
+        "batch_size": 8,
+        "seq_len": 512,
+        "distributed": {"strategy": "ddp", "gpus": 2},
+    },
+    "ddp-gpt2-4": {
+        "model": "gpt2",
+        "batch_size": 8,
+        "seq_len": 512,
+        "distributed": {"strategy": "ddp", "gpus": 4},
+    },
+    "fsdp-llama8b-2": {
+        "model": "llama-8b",
+        "precision": "bf16",
+        "batch_size": 1,
+        "seq_len": 1024,
+        "checkpointing": True,
+        "distributed": {"strategy": "fsdp", "gpus": 2},
+    },
+    "fsdp-llama8b-4": {
+        "model": "llama-8b",
+        "precision": "bf16",
+        "batch_size": 2,
+        "seq_len": 1024,
+        "checkpointing": True,
+        "distributed": {"strategy": "fsdp", "gpus": 4},
+    },
+    "fsdp-llama1b-bf16mp-2": {
+        "model": "llama-1b",
+        "batch_size": 2,
+        "seq_len": 1024,
+        "distributed": {"strategy": "fsdp", "gpus": 2, "mixed_precision": "bf16"},
+    },
+    "hsdp-llama1b-4": {
+        "model": "llama-1b",
+        "precision": "bf16",
+        "batch_size": 2,
+        "seq_len": 1024,
+        "distributed": {"strategy": "fsdp", "gpus": 4, "sharding": "hybrid"},
+    },
+}
+CASES.update(DISTRIBUTED)
+# --cpu: the same strategies on tiny models, gloo on the CPU (a smoke test of both sides).
+CPU_MODELS = {"gpt2": "tiny-gpt2", "llama-8b": "tiny-llama", "llama-1b": "tiny-llama"}
+
+
+def on_cpu(params: dict[str, Any]) -> dict[str, Any]:
+    plan = dict(params["distributed"])
+    if plan.get("sharding") == "hybrid":
+        plan["gpus"] = 4
+    else:
+        plan["gpus"] = 2
+    return {
+        **params,
+        "model": CPU_MODELS[params["model"]],
+        "batch_size": 2,
+        "seq_len": 32,
+        "distributed": plan,
+    }
+
+
 def truth_case(params: dict[str, Any]) -> dict[str, Any]:
     """What the plain script needs: the config as plain data, nothing of vramlab's (the
     spec's knobs as the API writes them out: LoRA's defaults filled in)."""
     params, _ = plan_spec("model", (), params, "float32", "cuda:0")
     resolved = resolve(params["model"])
+    if params.get("distributed") is not None:
+        case_ = {
+            "model_type": resolved.model_type,
+            "kind": resolved.kind,
+            "config": {**resolved.config, **(params.get("config") or {})},
+            "precision": params["precision"],
+            "batch_size": params["batch_size"],
+            "seq_len": params.get("seq_len") or 128,
+            "distributed": params["distributed"],
+        }
+        if params.get("checkpointing"):
+            case_["checkpointing"] = True
+        return case_
     case = {
         "model_type": resolved.model_type,
         "kind": resolved.kind,
@@ -110,9 +193,11 @@ def truth_case(params: dict[str, Any]) -> dict[str, Any]:
     return case
 
 
-def plain(params: dict[str, Any]) -> dict[str, Any]:
+def plain(params: dict[str, Any], cpu: bool = False) -> dict[str, Any]:
+    script = "plain_distributed.py" if params.get("distributed") else "plain.py"
     done = subprocess.run(
-        [sys.executable, str(HERE / "plain.py"), json.dumps(truth_case(params))],
+        [sys.executable, str(HERE / script), json.dumps(truth_case(params))]
+        + (["--cpu"] if cpu else []),
         capture_output=True,
         text=True,
         timeout=900,
@@ -123,25 +208,26 @@ def plain(params: dict[str, Any]) -> dict[str, Any]:
     return answer
 
 
-def vramlab(params: dict[str, Any]) -> dict[str, Any]:
+def vramlab(params: dict[str, Any], cpu: bool = False) -> dict[str, Any]:
     """vramlab's worker (a fresh child) and predictor for the same spec."""
     from vramlab.runspec import RunSpec
     from workers.models.predict import predict
     from workers.runner import Runner
 
-    checked, plan = plan_spec("model", (), params, "float32", "cuda:0")
+    device = "cpu" if cpu else "cuda:0"
+    checked, plan = plan_spec("model", (), params, "float32", device)
     spec = {
         "op": "model",
         "shape": [],
         "params": checked,
         "dtype": "float32",
-        "device": "cuda:0",
+        "device": device,
         "warmup": 0,
         "repeat": 1,
         "timeout_s": 900.0,
         "allocator": {},
         "trace": "none",
-        "prediction": plan.prediction("cuda:0"),
+        "prediction": plan.prediction(device),
     }
     runner = Runner()
     runner.start()
@@ -149,12 +235,54 @@ def vramlab(params: dict[str, Any]) -> dict[str, Any]:
         outcome = runner.run(RunSpec.from_wire(spec))
     finally:
         runner.close()
-    out: dict[str, Any] = {"predicted": predict(checked, "cuda")}
+    out: dict[str, Any] = {"predicted": predict(checked, "cpu" if cpu else "cuda")}
     if outcome.status != "succeeded" or outcome.result is None:
         out["error"] = str(outcome.error)[:300]
         return out
     out["measured"] = outcome.result["model"]
     return out
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def rank_rows(name: str, truth: dict[str, Any], ours: dict[str, Any]) -> list[tuple[str, ...]]:
+    """One row per rank: the plain rank's step-2 peak against vramlab's measured rank and
+    its prediction (rank 0's, for every rank), and whether each rank's parameter,
+    gradient and optimizer-state shards are equal to the byte."""
+    predicted = ours["predicted"].get("peak_allocated")
+    measured = {r["rank"]: r for r in (ours.get("measured") or {}).get("ranks") or []}
+    if "error" in truth or not measured:
+        why = str(truth.get("error") or ours.get("error", "-"))[:60]
+        return [(name, why, "-", "-", "-", "-", "NO")]
+    rows = []
+    for plain_rank in truth["ranks"]:
+        r = plain_rank["rank"]
+        m = measured.get(r, {})
+        peak = plain_rank["peak_step2"] or None
+        same = all(
+            plain_rank[a] == m.get(b)
+            for a, b in (
+                ("parameters", "parameter_bytes"),
+                ("gradients", "gradient_bytes"),
+                ("optimizer_state", "optimizer_state_bytes"),
+            )
+        )
+        rows.append(
+            (
+                f"{name} rank {r}",
+                f"{peak / MiB:.1f}" if peak else "-",
+                f"{m['peak_allocated'] / MiB:.1f}" if m else "-",
+                f"{predicted / MiB:.1f}" if predicted else "-",
+                error(m.get("peak_allocated"), peak),
+                error(predicted, peak),
+                "yes" if same else "NO",
+            )
+        )
+    return rows
 
 
 def error(value: int | None, truth: int | None) -> str:
@@ -167,15 +295,29 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--only", nargs="*", help="case names (default: all)")
     parser.add_argument("--out", default="truth.json")
+    parser.add_argument(
+        "--cpu", action="store_true", help="the distributed cases, tiny, on the CPU (gloo)"
+    )
     args = parser.parse_args()
     rows = []
     record = {}
     for name, params in CASES.items():
         if args.only and name not in args.only:
             continue
-        truth = plain(params)
-        ours = vramlab(params)
+        if args.cpu and name not in DISTRIBUTED:
+            continue
+        if args.cpu:
+            params = on_cpu(params)
+        elif params.get("distributed") and _gpus() < params["distributed"]["gpus"]:
+            print(f"{name}: skipped, needs {params['distributed']['gpus']} GPUs", file=sys.stderr)
+            continue
+        truth = plain(params, args.cpu)
+        ours = vramlab(params, args.cpu)
         record[name] = {"params": params, "plain": truth, "vramlab": ours}
+        if params.get("distributed"):
+            rows += rank_rows(name, truth, ours)
+            print(json.dumps({name: record[name]}), file=sys.stderr, flush=True)
+            continue
         measured = (ours.get("measured") or {}).get("peak_allocated")
         predicted = ours["predicted"].get("peak_allocated")
         peak = truth.get("peak_step2")

@@ -101,6 +101,8 @@ __all__ = [
     "PhasePeak",
     "Placement",
     "Prediction",
+    "RankFigures",
+    "RankPrediction",
     "ReportVerdict",
     "Result",
     "SectionFigures",
@@ -279,6 +281,35 @@ class ModelStep:
 
 
 @contract_type
+class RankFigures:
+    """One rank of a distributed model experiment (its own process and GPU): its reported
+    step's peaks, what its objects hold (a sharded parameter's local shard) and what held
+    memory at its peak."""
+
+    rank: int = field(metadata={"ge": 0})
+    device: str
+    peak_allocated: int = field(metadata={"ge": 0})
+    peak_reserved: int = field(metadata={"ge": 0})
+    parameter_bytes: int | None = field(default=None, metadata={"ge": 0})
+    gradient_bytes: int | None = field(default=None, metadata={"ge": 0})
+    optimizer_state_bytes: int | None = field(default=None, metadata={"ge": 0})
+    # DDP's gradient buckets (beside the gradients; in categories' gradients).
+    bucket_bytes: int | None = field(default=None, metadata={"ge": 0})
+    categories: Categories | None = None
+    steps: list[ModelStep] = field(default_factory=list)
+
+
+@contract_type
+class RankPrediction:
+    """One rank's predicted peak and what holds it (ranks on equal batches are alike)."""
+
+    rank: int = field(metadata={"ge": 0})
+    peak_allocated: int = field(metadata={"ge": 0})
+    peak_reserved: int = field(metadata={"ge": 0})
+    categories: Categories | None = None
+
+
+@contract_type
 class ModelFigures:
     """What a model experiment measured beyond the memory figures: the model, each step,
     the reported step's peaks (step 2 of a training run: optimizer state exists) and speed."""
@@ -305,6 +336,10 @@ class ModelFigures:
     time_per_step_s: float | None = None
     samples_per_s: float | None = None
     tokens_per_s: float | None = None
+    # A distributed run (params.distributed): its plan, and each rank's figures; the
+    # peaks above are the highest rank's (the one reported), batch_size per GPU.
+    distributed: dict[str, Any] | None = None
+    ranks: list[RankFigures] | None = None
 
 
 @contract_type
@@ -349,6 +384,8 @@ class Prediction:
     # ...and the device those figures are for ("cuda (H100-class)", "cpu"): a spec that
     # named no device on a service of CPU workers is predicted for CUDA, and runs on the CPU.
     predicted_for: str | None = None
+    # A distributed spec's: each rank's (the peaks above are any rank's: they are alike).
+    ranks: list[RankPrediction] | None = None
 
 
 @contract_type

@@ -185,6 +185,8 @@ def show_model(result: dict[str, Any], prediction: dict[str, Any]) -> None:
         )
         print(f"\nat step {figures['reported_step']}'s peak, by category:")
         print(table(["category", "measured", "share", "predicted"], rows))
+    if figures.get("ranks"):
+        show_ranks(figures, prediction)
     if figures.get("time_per_step_s"):
         speed = f"{figures['time_per_step_s']:.3g} s a step"
         if figures.get("tokens_per_s"):
@@ -192,3 +194,30 @@ def show_model(result: dict[str, Any], prediction: dict[str, Any]) -> None:
         elif figures.get("samples_per_s"):
             speed += f", {figures['samples_per_s']:,.1f} samples/s"
         print(speed)
+
+
+def show_ranks(figures: dict[str, Any], prediction: dict[str, Any]) -> None:
+    """A distributed run's ranks: each one's peak and shards (the run's peak is the
+    highest rank's), beside the predicted peak of a rank."""
+    plan = figures.get("distributed") or {}
+    how = ", ".join(f"{k} {v}" for k, v in plan.items() if k not in ("strategy", "gpus") and v)
+    print(
+        f"\n{plan.get('strategy', '?')} on {plan.get('gpus', len(figures['ranks']))} ranks"
+        + (f" ({how})" if how else "")
+        + ", batch_size per GPU:"
+    )
+    rows = [
+        (
+            r["rank"],
+            r["device"],
+            size(r["peak_allocated"]),
+            size(r.get("parameter_bytes")),
+            size(r.get("gradient_bytes")),
+            size(r.get("optimizer_state_bytes")),
+            size(r.get("bucket_bytes")) if r.get("bucket_bytes") else "",
+            size(prediction.get("peak_allocated")),
+        )
+        for r in figures["ranks"]
+    ]
+    headers = ["rank", "device", "peak allocated", "parameters", "gradients", "optimizer"]
+    print(table([*headers, "DDP buckets", "predicted"], rows))

@@ -76,6 +76,13 @@ OptimizerImpl = Literal["default", "for-loop", "foreach", "fused"]
 OPTIMIZER_IMPLS: tuple[OptimizerImpl, ...] = ("default", "for-loop", "foreach", "fused")
 Attention = Literal["sdpa", "eager"]
 ATTENTIONS: tuple[Attention, ...] = ("sdpa", "eager")
+# Several GPUs of one host (``distributed``): DDP or FSDP2, N ranks in one experiment.
+DistributedStrategy = Literal["ddp", "fsdp"]
+DISTRIBUTED_STRATEGIES: tuple[DistributedStrategy, ...] = ("ddp", "fsdp")
+Sharding = Literal["full", "hybrid", "grad-op"]
+DISTRIBUTED_SHARDINGS: tuple[Sharding, ...] = ("full", "hybrid", "grad-op")
+DISTRIBUTED_MIN_GPUS = 2
+DISTRIBUTED_MAX_GPUS = 8
 DEFAULT_SEQ_LEN = 128  # a text model's tokens per sample when seq_len is left out
 DEFAULT_NEW_TOKENS = 16  # tokens a generation decodes when new_tokens is left out
 DEFAULT_IMAGE_SIZE = 224  # an image model's side when neither the spec nor its config says
@@ -109,6 +116,28 @@ def knob(
     if isinstance(default, dict | list):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Distributed:
+    """A model spec's ``distributed``, as the API checked it (app/catalog/distributed.py)."""
+
+    strategy: DistributedStrategy
+    gpus: int
+    sharding: Sharding = "full"
+    offload_optimizer: bool = False
+    mixed_precision: Literal["bf16"] | None = None
+
+    @classmethod
+    def of(cls, value: Mapping[str, Any]) -> Distributed:
+        out: Distributed = wire.load(cls, {k: v for k, v in value.items() if v is not None})
+        return out
+
+    def devices(self, device: str) -> tuple[str, ...]:
+        """The ranks' devices: cuda:0 to cuda:N-1 on CUDA; the CPU for every rank."""
+        if device.startswith("cuda"):
+            return tuple(f"cuda:{r}" for r in range(self.gpus))
+        return ("cpu",)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -228,6 +257,13 @@ class ModelParams:
         "(they win over the knobs they set)",
     )
 
+    distributed: dict[str, Json] | None = knob(
+        "mapping",
+        'several GPUs of one host, one experiment: {"strategy": "ddp" | "fsdp", "gpus": N '
+        '(2 to 8), "sharding": "full" | "hybrid" | "grad-op", "offload_optimizer": bool, '
+        '"mixed_precision": "bf16"} (the last three fsdp only); batch_size is per GPU',
+    )
+
     @property
     def seq_len_or_default(self) -> int:
         return self.seq_len or DEFAULT_SEQ_LEN
@@ -239,6 +275,11 @@ class ModelParams:
     @property
     def config_overrides(self) -> dict[str, Json]:
         return dict(self.config or {})
+
+    @property
+    def parallel(self) -> Distributed | None:
+        """``distributed`` typed (None: one device)."""
+        return None if self.distributed is None else Distributed.of(self.distributed)
 
     def replace(self, **changes: Any) -> ModelParams:
         """A copy with ``changes`` (field names to values)."""

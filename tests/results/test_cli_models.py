@@ -221,3 +221,49 @@ def test_a_401_names_the_token_flag_and_variable(
             assert "--token" in done.stderr and "VRAMLAB_TOKEN" in done.stderr
             refused = run(server.url, "ls", "--token", "wrong")
             assert "the token given was refused" in refused.stderr
+
+
+def test_show_lists_a_distributed_runs_ranks(live: LiveServer, client: httpx.Client) -> None:
+    params = {
+        "model": "tiny-gpt2",
+        "seq_len": 16,
+        "batch_size": 2,
+        "distributed": {"strategy": "ddp", "gpus": 2},
+    }
+    made = client.post("/v1/experiments", json={**TINY, "params": params})
+    assert made.status_code == 202, made.text
+    worker = register(client, CPU_CAPS)
+    claimed = claim(client, worker, wait_s=1)
+    assert claimed is not None
+
+    def rank(r: int, peak: int) -> dict[str, Any]:
+        return {
+            "rank": r,
+            "device": "cpu",
+            "peak_allocated": peak,
+            "peak_reserved": peak,
+            "parameter_bytes": 1000,
+            "gradient_bytes": 1000,
+            "optimizer_state_bytes": 2000,
+            "bucket_bytes": 1000,
+            "categories": {"parameters": 1000, "gradients": 2000, "optimizer_state": 2000},
+        }
+
+    model = {
+        "model": "tiny-gpt2",
+        "model_type": "gpt2",
+        "task": "train",
+        "parameter_count": 250,
+        "reported_step": 2,
+        "peak_allocated": 6000,
+        "peak_reserved": 6000,
+        "distributed": {"strategy": "ddp", "gpus": 2},
+        "ranks": [rank(0, 6000), rank(1, 5000)],
+    }
+    done = succeed(client, claimed, model=model, categories=rank(0, 6000)["categories"])
+    assert done.status_code == 200, done.text
+    shown = run(live.url, "show", made.json()["id"][:8])
+    assert shown.returncode == 0, shown.stderr
+    assert "ddp on 2 ranks, batch_size per GPU" in shown.stdout
+    row = next(x for x in shown.stdout.splitlines() if x.strip().startswith("1 "))
+    assert "cpu" in row and human_bytes(5000) in row and human_bytes(1000) in row

@@ -21,6 +21,7 @@ from vramlab.catalog.model_zoo import Resolved, resolve_spec
 from vramlab.runspec import DEFAULT_IMAGE_SIZE, ModelParams
 from workers.models import finetune, rules
 from workers.models.finetune import FineTune
+from workers.models.parallel import local, wrap
 
 # The child never reaches a model hub: configs are built, weights are random.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -53,6 +54,9 @@ class Built:
     tune: FineTune = field(default_factory=FineTune)
     # Another autocast (the predictor's CUDA autocast on CPU fake tensors); None: torch's.
     autocast_with: Callable[[torch.dtype], contextlib.AbstractContextManager[Any]] | None = None
+    # What a wrapper holds that no parameter reaches (the predictor's stand-ins for DDP's
+    # gradient buckets): counted as gradients.
+    held: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def task(self) -> str:
@@ -82,10 +86,12 @@ class Built:
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
     def parameters(self) -> list[torch.Tensor]:
-        return list(self.model.parameters())
+        """What this process holds of the parameters (a sharded one's local shard)."""
+        return [local(p) for p in self.model.parameters()]
 
     def gradients(self) -> list[torch.Tensor]:
-        return [p.grad for p in self.model.parameters() if p.grad is not None]
+        grads = [local(p.grad) for p in self.model.parameters() if p.grad is not None]
+        return grads + self.held
 
     def trainable(self) -> list[torch.Tensor]:
         return [p for p in self.model.parameters() if p.requires_grad]
@@ -101,7 +107,7 @@ class Built:
         if self.optimizer is None:
             return []
         return [
-            v
+            local(v)
             for state in self.optimizer.state.values()
             for v in state.values()
             if isinstance(v, torch.Tensor)
@@ -196,7 +202,7 @@ def build(
         scaler = torch.amp.GradScaler(device.type)
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     forward_args = inspect.signature(base.forward).parameters
-    return Built(
+    built = Built(
         resolved=resolved,
         params=params,
         model=model,
@@ -208,6 +214,12 @@ def build(
         keeps_logits="logits_to_keep" in forward_args,
         tune=tune,
     )
+    if params.parallel is not None:  # this process is one rank of a process group
+        wrap(built, params.parallel, fake=not initialize)
+        # over what the wrapper trains (FSDP's parameters are now its shards, DTensors)
+        trainable = [p for p in built.model.parameters() if p.requires_grad]
+        built.optimizer = make_optimizer(params, trainable, fake=not initialize)
+    return built
 
 
 def make_optimizer(

@@ -40,7 +40,7 @@ from vramlab.catalog.errors import CatalogError
 from vramlab.catalog.model_zoo import resolve_spec
 from vramlab.contract import Category
 from vramlab.runspec import ModelParams
-from workers.models import cost, edges
+from workers.models import cost, edges, parallel
 from workers.models.alloc_log import (
     TRACED_DEPTH,
     AllocationLog,
@@ -175,7 +175,12 @@ def predict(
     (packed, workers/models/edges.py; None where there is none at the model's depth)."""
     params = ModelParams.of(params)
     started = time.perf_counter()
-    traced = trace(params, device_type, allocator)
+    if params.parallel is not None and params.parallel.offload_optimizer:
+        # On fake tensors the host and the device are one ("cpu"): what the offload moves
+        # off the GPU cannot be told apart. The spec is measured only.
+        raise NotImplementedError("FSDP's CPU offload is measured, not yet predicted")
+    with parallel.fake_group(params.parallel):
+        traced = trace(params, device_type, allocator)
     paged = paged_state_bytes(params)
     if paged:
         traced.caveats.append(
@@ -223,6 +228,8 @@ def trace(
     new_tokens = params.new_tokens_or_default
     causal = resolve_spec(params.model, params.head, params.config_json).kind == "causal-lm"
     settings = _settings(allocator) if cuda else None
+    if params.parallel is not None:  # collectives' buffers are not in the replayed log
+        settings = None
     events: Logged = None
     if params.task == "generate" and new_tokens > 2 and causal:
         # The prefill, and the last decoded token (its KV cache is the largest): a
@@ -372,7 +379,10 @@ def _trace(
         if semantics is not None:
             built.autocast_with = semantics.autocast
             semantics.checkpointing(built.model)
-        if log is None:
+        if log is None and built.params.parallel is not None:
+            with semantics or contextlib.nullcontext():
+                run_step(built)  # step 1 in full: DDP's fake reducer hands its buckets over
+        elif log is None:
             _prime(built)
         else:
             stacks = blocks_of(built.model, blocks) if blocks else []
@@ -473,7 +483,7 @@ def _prime(built: Built) -> None:
     gradients), gradients dropped again. Inference and generation keep nothing."""
     if built.optimizer is None:
         return
-    for p in built.parameters():
+    for p in built.model.parameters():
         if p.requires_grad:
             p.grad = torch.zeros_like(p)
     built.optimizer.step()

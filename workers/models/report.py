@@ -11,7 +11,14 @@ from __future__ import annotations
 from typing import Any
 
 from vramlab import wire
-from vramlab.contract import Category, ModelFigures, ModelStep, PhasePeak
+from vramlab.contract import (
+    Categories,
+    Category,
+    ModelFigures,
+    ModelStep,
+    PhasePeak,
+    RankFigures,
+)
 from vramlab.runspec import RunSpec
 from vramlab.units import human_bytes
 
@@ -23,6 +30,9 @@ def finish(result: dict[str, Any], details: dict[str, Any], records: dict[str, A
     """Move the op's raw record into ``result['model']`` and ``result['categories']``."""
     raw = details.pop(RAW, None)
     if raw is None:
+        return
+    if "ranks" in raw:
+        _merge_ranks(result, raw)
         return
     steps: list[ModelStep] = []
     for step in raw["steps"]:
@@ -91,6 +101,38 @@ def finish(result: dict[str, Any], details: dict[str, Any], records: dict[str, A
         "by identity and by the phase that made them); what it does not see (library "
         "workspaces, kernels' own buffers) is counted as temporaries",
     }
+
+
+def _merge_ranks(result: dict[str, Any], raw: dict[str, Any]) -> None:
+    """A distributed run's figures: each rank's, and the highest rank's as the run's (its
+    peaks, what held them); DDP's buckets counted as gradients in each rank's categories."""
+    ranks: list[RankFigures] = []
+    for one in raw["ranks"]:
+        model, categories = one["model"], dict(one["categories"])
+        buckets = one.get("bucket_bytes") or 0
+        if buckets:  # no tensor the tally sees holds them: they were in temporaries
+            moved = min(buckets, categories.get(str(Category.TEMPORARIES), 0))
+            categories[str(Category.TEMPORARIES)] -= moved
+            categories[str(Category.GRADIENTS)] = categories.get(str(Category.GRADIENTS), 0) + moved
+        ranks.append(
+            RankFigures(
+                rank=one["rank"],
+                device=one["device"],
+                peak_allocated=model["peak_allocated"],
+                peak_reserved=model["peak_reserved"],
+                parameter_bytes=model["parameter_bytes"],
+                gradient_bytes=model["gradient_bytes"],
+                optimizer_state_bytes=model["optimizer_state_bytes"],
+                bucket_bytes=buckets or None,
+                categories=wire.load(Categories, categories),
+                steps=[wire.load(ModelStep, s) for s in model["steps"]],
+            )
+        )
+    top = max(ranks, key=lambda r: (r.peak_allocated, -r.rank))
+    model = dict(next(one["model"] for one in raw["ranks"] if one["rank"] == top.rank))
+    model.update(distributed=raw["distributed"], ranks=[wire.dump(r) for r in ranks])
+    result["model"] = model
+    result["categories"] = wire.dump(top.categories)
 
 
 def at_measured_peak(tallied: dict[str, int], measured: int) -> dict[str, int]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from workers.models import parallel
 from workers.models.build import Built
 from workers.models.tally import OTHER, Peak, Tally
 
@@ -165,6 +166,7 @@ def tally_step(
     ``log``, an allocation log (workers/models/alloc_log.py), records it too."""
     tally = Tally(block)
     tally.adopt([*built.parameters(), *built.optimizer_state(), *built.inputs.values()])
+    tally.adopt(built.held)
     tally.adopt(built.model.buffers())
     scaler = built.scaler
     for held in ("scale_value", "found_inf"):  # the predictor's stand-in GradScaler
@@ -173,6 +175,8 @@ def tally_step(
     with contextlib.ExitStack() as stack:
         stack.enter_context(around or contextlib.nullcontext())
         stack.enter_context(tally)
+        if built.params.parallel is not None:
+            stack.enter_context(parallel.storage_watched(tally))
         phase: Phase = tally.during
         if log is not None:
             stack.enter_context(log)

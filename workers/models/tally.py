@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -41,6 +42,7 @@ class _Life:
     phase: str
     born: int
     died: int | None = None
+    category: str | None = None  # known when it is born (FSDP's gathered parameters)
 
 
 @dataclass
@@ -84,6 +86,7 @@ class Tally(PhasedMode):
         self._lives: dict[int, _Life] = {}  # the live storages, by identity
         self._ended: list[_Life] = []
         self._keep: list[Any] = []  # the weak references, alive until the tally is
+        self._watched: set[int] = set()  # the storages a weak reference watches
         self.live = 0
         self.peak = 0
         self.peak_seq = 0
@@ -106,6 +109,26 @@ class Tally(PhasedMode):
                 self._see(leaf, self.phase)
         self._maybe_peak()
         return out
+
+    def resized(self, t: torch.Tensor, category: str | None = None) -> None:
+        """A storage given back or taken again in place (``resize_``, as FSDP frees and
+        re-gathers its unsharded parameters): its old life ends, a new one of its new size
+        starts (``category``: what it holds)."""
+        storage = _local(t).untyped_storage()
+        key = storage._cdata
+        life = self._lives.pop(key, None)
+        if life is not None:
+            self.seq += 1
+            life.died = self.seq
+            self._ended.append(life)
+            self.live -= life.size
+        size = rounded(storage.nbytes(), self.block)
+        if size:
+            self.seq += 1
+            self._lives[key] = _Life(size, self.phase, self.seq, category=category)
+            self.live += size
+            self._watch(storage, key)
+        self._maybe_peak()
 
     # -- after the step ------------------------------------------------------------------
 
@@ -144,6 +167,8 @@ class Tally(PhasedMode):
     def _category(identity: str | None, life: _Life) -> str:
         if identity is not None:
             return identity
+        if life.category is not None:
+            return life.category
         if life.phase in _MAKES_ACTIVATIONS:
             return str(Category.ACTIVATIONS)
         if life.phase in (BACKWARD, OPTIMIZER):
@@ -151,6 +176,7 @@ class Tally(PhasedMode):
         return str(Category.OTHER)
 
     def _see(self, t: torch.Tensor, phase: str) -> None:
+        t = _local(t)
         try:
             storage = t.untyped_storage()
         except (RuntimeError, NotImplementedError):  # sparse and other storage-less tensors
@@ -163,10 +189,16 @@ class Tally(PhasedMode):
         life = _Life(size, phase, self.seq)
         self._lives[key] = life
         self.live += size
-        self._keep.append(weakref.ref(storage, self._ender(key)))
+        self._watch(storage, key)
+
+    def _watch(self, storage: Any, key: int) -> None:
+        if key not in self._watched:
+            self._watched.add(key)
+            self._keep.append(weakref.ref(storage, self._ender(key)))
 
     def _ender(self, key: int) -> Any:
         def end(_: object) -> None:
+            self._watched.discard(key)  # the address may be another storage's next
             life = self._lives.pop(key, None)
             if life is not None:
                 self.seq += 1
@@ -183,8 +215,13 @@ class Tally(PhasedMode):
                 self.peak, self.peak_seq, self.peak_phase = self.live, self.seq, self.phase
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A DTensor's local shard (a sharded parameter holds only that on this rank)."""
+    return t._local_tensor if isinstance(t, DTensor) else t
+
+
 def _key(t: torch.Tensor) -> int | None:
     try:
-        return int(t.untyped_storage()._cdata)
+        return int(_local(t).untyped_storage()._cdata)
     except (RuntimeError, NotImplementedError):
         return None

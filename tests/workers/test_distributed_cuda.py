@@ -1,0 +1,78 @@
+"""Distributed model experiments on the GPUs of one host (NCCL), through the worker's
+runner: each rank on its own GPU, its shards, the prediction per rank, and out of memory
+on a rank as the answer.
+
+Run on a host with 2 or more GPUs: ``pytest -m cuda tests/workers/test_distributed_cuda.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.helpers import needs_cuda
+from tests.workers.conftest import build_spec
+from workers.runner import Runner
+
+pytestmark = [*needs_cuda(), pytest.mark.slow]
+pytest.importorskip("transformers")
+
+SMALL_GPT2 = {"model": "gpt2", "config": {"n_layer": 4}, "batch_size": 4, "seq_len": 256}
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
+def _outcome(runner: Runner, **params: Any) -> Any:
+    spec = build_spec("model", [], params, device="cuda:0", warmup=0, repeat=1, timeout_s=600.0)
+    return runner.run(spec)
+
+
+@pytest.mark.parametrize(
+    "plan",
+    [
+        {"strategy": "ddp", "gpus": 2},
+        {"strategy": "fsdp", "gpus": 2},
+        {"strategy": "fsdp", "gpus": 2, "sharding": "grad-op", "mixed_precision": "bf16"},
+    ],
+)
+def test_each_rank_runs_on_its_gpu_and_is_predicted(runner: Runner, plan: dict[str, Any]) -> None:
+    if _gpus() < plan["gpus"]:
+        pytest.skip(f"needs {plan['gpus']} GPUs")
+    from workers.models.predict import predict
+
+    outcome = _outcome(runner, **SMALL_GPT2, distributed=plan)
+    assert outcome.status == "succeeded", outcome.error
+    model = outcome.result["model"]
+    ranks = model["ranks"]
+    assert [r["device"] for r in ranks] == [f"cuda:{r}" for r in range(plan["gpus"])]
+    predicted = predict({**SMALL_GPT2, "distributed": plan}, "cuda")["peak_allocated"]
+    for rank in ranks:
+        assert sum(rank["categories"].values()) == rank["peak_allocated"]
+        assert abs(predicted - rank["peak_allocated"]) <= 0.03 * rank["peak_allocated"], rank
+    if plan["strategy"] == "fsdp":
+        total = sum(r["parameter_bytes"] for r in ranks)
+        assert all(r["parameter_bytes"] < 0.6 * total for r in ranks)
+
+
+def test_fsdp_on_four_gpus_with_hybrid_sharding(runner: Runner) -> None:
+    if _gpus() < 4:
+        pytest.skip("needs 4 GPUs")
+    plan = {"strategy": "fsdp", "gpus": 4, "sharding": "hybrid"}
+    outcome = _outcome(runner, **SMALL_GPT2, distributed=plan)
+    assert outcome.status == "succeeded", outcome.error
+    assert len(outcome.result["model"]["ranks"]) == 4
+
+
+def test_out_of_memory_on_a_rank_fails_the_experiment_naming_it(runner: Runner) -> None:
+    if _gpus() < 2:
+        pytest.skip("needs 2 GPUs")
+    huge = {**SMALL_GPT2, "batch_size": 4096, "seq_len": 1024}
+    outcome = _outcome(runner, **huge, distributed={"strategy": "ddp", "gpus": 2})
+    assert outcome.status == "failed"
+    assert outcome.error["type"] == "oom", outcome.error
+    assert "rank " in outcome.error["message"]
