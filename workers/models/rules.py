@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -118,12 +118,14 @@ class QuantizedLinear(torch.nn.Linear):
 
     def __init__(self, linear: torch.nn.Module, method: str, double: bool, dtype: torch.dtype):
         torch.nn.Module.__init__(self)
+        weight: torch.Tensor = getattr(linear, "weight")  # noqa: B009 (a Module's attribute)
+        bias: torch.Tensor | None = getattr(linear, "bias", None)
         if isinstance(linear, torch.nn.Linear):
             self.in_features, self.out_features = linear.in_features, linear.out_features
         else:  # transformers' Conv1D (GPT-2): its weight is (in, out), transposed to quantize
-            self.in_features, self.out_features = linear.weight.shape
+            self.in_features, self.out_features = int(weight.shape[0]), int(weight.shape[1])
         self.method, self.compute_dtype = method, dtype
-        n, device = linear.weight.numel(), linear.weight.device
+        n, device = weight.numel(), weight.device
         if method == "nf4":
             packed = torch.empty(math.ceil(n / 2), 1, dtype=torch.uint8, device=device)
             blocks = math.ceil(n / NF4_BLOCK)
@@ -137,14 +139,15 @@ class QuantizedLinear(torch.nn.Linear):
                 stats = [torch.empty(blocks, device=device)]
             stats.append(torch.empty(16, device=device))  # the NF4 code
         else:
-            packed = torch.empty(linear.weight.shape, dtype=torch.int8, device=device)
+            shape = (self.out_features, self.in_features)
+            packed = torch.empty(shape, dtype=torch.int8, device=device)
             stats = [torch.empty(self.out_features, device=device)]
         self.weight = torch.nn.Parameter(packed, requires_grad=False)
         for i, stat in enumerate(stats):
             self.register_buffer(f"quant_state_{i}", stat)
-        self.bias = linear.bias
-        if self.bias is not None:
-            self.bias.requires_grad_(False)
+        if bias is not None:
+            bias.requires_grad_(False)
+        self.register_parameter("bias", cast("torch.nn.Parameter | None", bias))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         fn = _Dequantized if self.method == "nf4" else _Int8
