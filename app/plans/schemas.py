@@ -124,5 +124,8 @@ class PlanOut(BaseModel):
     answers: list[PlanAnswer]
     suggestions: list[Suggestion]
     caveats: list[str]
-    predictions: int = Field(description="how many steps were traced (the rest were cached)")
+    predictions: int = Field(
+        description="how many steps this plan asked the predictor for (each traced, or "
+        "answered from its cache); the edges synthesized from them are not counted"
+    )
     seconds: float
