@@ -99,6 +99,23 @@ USER vramlab
 # Kubernetes' terminationGracePeriodSeconds give it the time).
 CMD ["vramlab", "worker", "--device", "cpu"]
 
+# The model predictor: the worker-cpu environment (torch, transformers, the predictor's
+# children in workers/) plus the server's distribution (`vramlab predictor`). Its stages
+# come before the GPU worker's: a builder that builds every stage up to its target then
+# never builds the CUDA environment for it (nor leaves the GPU worker's image untagged).
+FROM build-worker-cpu-env AS build-predictor
+COPY pyproject.toml README.md ./
+RUN pip install . && pip uninstall -y -q vramlab
+COPY app ./app
+COPY migrations ./migrations
+RUN pip install --no-deps . && pip uninstall -y -q pip
+
+FROM base AS predictor
+COPY --from=build-predictor /opt/vramlab /opt/vramlab
+USER vramlab
+EXPOSE 8100
+CMD ["vramlab", "predictor", "--host", "0.0.0.0", "--port", "8100"]
+
 FROM base AS build-worker
 LABEL dev.vramlab.stage=build
 ARG TORCH_VERSION=2.13.0
@@ -118,18 +135,3 @@ FROM base AS worker
 COPY --from=build-worker /opt/vramlab /opt/vramlab
 USER vramlab
 CMD ["vramlab", "worker", "--device", "auto"]
-
-# The model predictor: the worker-cpu environment (torch, transformers, the predictor's
-# children in workers/) plus the server's distribution (`vramlab predictor`).
-FROM build-worker-cpu-env AS build-predictor
-COPY pyproject.toml README.md ./
-RUN pip install . && pip uninstall -y -q vramlab
-COPY app ./app
-COPY migrations ./migrations
-RUN pip install --no-deps . && pip uninstall -y -q pip
-
-FROM base AS predictor
-COPY --from=build-predictor /opt/vramlab /opt/vramlab
-USER vramlab
-EXPOSE 8100
-CMD ["vramlab", "predictor", "--host", "0.0.0.0", "--port", "8100"]
