@@ -9,7 +9,6 @@ from typing import Any
 import pytest
 
 from tests.workers.conftest import build_spec
-from tests.workers.test_finetune_step import close
 from workers.runner import Runner
 
 pytest.importorskip("transformers")
@@ -64,7 +63,9 @@ def test_ddp_ranks_each_hold_a_whole_replica_and_its_buckets(
         assert rank["bucket_bytes"] == alone["gradient_bytes"]
         assert rank["categories"]["gradients"] == 2 * alone["gradient_bytes"]
         assert sum(rank["categories"].values()) == rank["peak_allocated"]
-        assert close(predicted["peak_allocated"], rank["peak_allocated"])
+        # gloo's own buffers on the CPU (allocated on its threads, more when the machine
+        # is busy): the peak is held as FSDP's is; the bytes above are exact.
+        assert _under_gloo(predicted["peak_allocated"], rank["peak_allocated"])
     assert predicted["categories"]["gradients"] == 2 * alone["gradient_bytes"]
 
 
