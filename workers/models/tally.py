@@ -116,12 +116,7 @@ class Tally(PhasedMode):
         starts (``category``: what it holds)."""
         storage = _local(t).untyped_storage()
         key = storage._cdata
-        life = self._lives.pop(key, None)
-        if life is not None:
-            self.seq += 1
-            life.died = self.seq
-            self._ended.append(life)
-            self.live -= life.size
+        self._end(key)
         size = rounded(storage.nbytes(), self.block)
         if size:
             self.seq += 1
@@ -199,14 +194,18 @@ class Tally(PhasedMode):
     def _ender(self, key: int) -> Any:
         def end(_: object) -> None:
             self._watched.discard(key)  # the address may be another storage's next
-            life = self._lives.pop(key, None)
-            if life is not None:
-                self.seq += 1
-                life.died = self.seq
-                self._ended.append(life)
-                self.live -= life.size
+            self._end(key)
 
         return end
+
+    def _end(self, key: int) -> None:
+        """The life of the storage at ``key`` ends here (if it is live)."""
+        life = self._lives.pop(key, None)
+        if life is not None:
+            self.seq += 1
+            life.died = self.seq
+            self._ended.append(life)
+            self.live -= life.size
 
     def _maybe_peak(self) -> None:
         if self.live > self.phase_peaks.get(self.phase, (-1, 0))[0]:
