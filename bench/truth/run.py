@@ -48,6 +48,20 @@ CASES: dict[str, dict[str, Any]] = {
         "seq_len": 512,
         "peft": {"r": 64, **LORA},
     },
+    "lora-r8-llama8b": {
+        "model": "llama-8b",
+        "precision": "bf16",
+        "batch_size": 1,
+        "seq_len": 512,
+        "peft": {"r": 8, **LORA},
+    },
+    "lora-r64-llama8b": {
+        "model": "llama-8b",
+        "precision": "bf16",
+        "batch_size": 1,
+        "seq_len": 512,
+        "peft": {"r": 64, **LORA},
+    },
     "qlora-llama8b": {
         "model": "llama-8b",
         "precision": "bf16",
