@@ -132,6 +132,26 @@ def test_a_4bit_base_holds_half_a_byte_a_weight_and_qlora_trains_only_adapters()
     assert qlora["peak_allocated"] < nf4["peak_allocated"]
 
 
+def test_qloras_float32_grouped_attention_keeps_the_whole_matrix_as_cuda_does() -> None:
+    # peft's prepare_model_for_kbit_training casts the norms to float32, so a QLoRA
+    # Llama's queries are float32: FlashAttention refuses them and the memory-efficient
+    # kernel takes no grouped key/value heads, so CUDA runs the math path (keys and
+    # values repeated to every head, the softmax kept for the backward: heads x seq x
+    # seq floats a layer). The CPU's fused kernel keeps neither; with full heads CUDA's
+    # memory-efficient kernel keeps neither either.
+    base = {**LLAMA, "model": "llama-1b", "seq_len": 512, "quantization": "qlora"}
+    heads, seq = 32, 512
+
+    def activations(kv_heads: int, layers: int) -> int:
+        config = {"num_hidden_layers": layers, "num_key_value_heads": kv_heads}
+        return int(predicted(**base, config=config)["categories"]["activations"])
+
+    grouped = activations(8, 3) - activations(8, 2)  # one more layer's activations
+    full = activations(heads, 3) - activations(heads, 2)
+    matrix = LLAMA["batch_size"] * heads * seq * seq * 4
+    assert grouped - full >= matrix * 0.9  # less the smaller keys and values
+
+
 def test_gpt2s_conv1d_layers_are_quantized_as_transformers_quantizes_them() -> None:
     # GPT-2's linear layers are transformers' Conv1D; its bitsandbytes integration
     # quantizes them too (transposed), so a 4-bit GPT-2 holds its blocks in half a byte a

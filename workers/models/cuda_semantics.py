@@ -9,7 +9,13 @@ can make the CUDA choice instead:
   precision, no mask) or the memory-efficient kernel (a mask or float32), which keep
   only the output and a log-sum-exp for the backward; the CPU falls back to the math
   path, which keeps the whole attention matrix. Here the call goes to the CUDA kernel's
-  own op (its shapes are known without a device).
+  own op (its shapes are known without a device). Grouped key/value heads
+  (``enable_gqa``, as transformers passes for Llama-like models without a mask) are
+  FlashAttention's only: the memory-efficient kernel of the torch the worker runs
+  (2.11) takes no grouped heads, so float32 or masked grouped attention runs the math
+  path on CUDA, keys and values repeated to every head and the whole attention matrix
+  kept (the CPU's own fused kernel would keep neither). A QLoRA base prepared by peft
+  (float32 norms, so float32 queries) attends this way.
 - Autocast. CUDA's autocast casts matmuls and convolutions to the low precision and runs
   norms, softmax, losses and reductions in float32; the CPU's lists differ. Here the
   CUDA lists are applied to the calls, with autocast's cache of cast weights (alive to
@@ -242,16 +248,24 @@ def attention(
     enable_gqa: bool = False,
 ) -> torch.Tensor:
     """``scaled_dot_product_attention`` as CUDA runs it on Hopper: FlashAttention for
-    half precision without a mask, else the memory-efficient kernel; the math path only
-    where neither applies (then as on the CPU)."""
+    half precision without a mask, else the memory-efficient kernel; the math path
+    where neither applies (grouped heads that FlashAttention cannot take; other shapes
+    as on the CPU)."""
     head_dim = query.shape[-1]
     heads_match = query.shape[-3] == key.shape[-3] == value.shape[-3]
     fallback = torch.nn.functional.scaled_dot_product_attention
+    flash = query.dtype in _LOW_DTYPES and attn_mask is None
+    if query.dim() == 4 and enable_gqa and not heads_match and not flash:
+        # No fused kernel takes these grouped heads on CUDA: the math path, as CUDA runs
+        # it (the CPU would pick its own fused kernel instead).
+        return torch.ops.aten._scaled_dot_product_attention_math(
+            query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=True
+        )[0]
     if query.dim() != 4 or not heads_match or head_dim % 8 or head_dim > 256:
         return fallback(
             query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
         )
-    if query.dtype in _LOW_DTYPES and attn_mask is None:
+    if flash:
         out = torch.ops.aten._scaled_dot_product_flash_attention(
             query, key, value, dropout_p, is_causal, False, scale=scale
         )
