@@ -12,8 +12,8 @@ worker runs the real libraries (CUDA); bench/truth/ checks these rules against t
   memory (``cudaMallocManaged``): the caching allocator does not count it, and the driver
   pages it to the host when the GPU runs short. It is reported apart, never in the peak.
 - NF4 (Linear4bit): the weight packed two per byte; an absmax per 64 elements (float32,
-  or with double quantisation uint8 plus a float32 per 256 of them and a 256-entry code);
-  a 16-entry code per layer. Forward and backward each dequantize the whole weight in the
+  or with double quantisation uint8 plus a float32 per 256 of them, a 256-entry code and
+  a float32 offset); a 16-entry code per layer. Forward and backward each dequantize the whole weight in the
   compute dtype for the matmul and free it.
 - LLM.int8 (Linear8bitLt): int8 weight and a float32 scale per output row; the forward
   quantizes its input to int8 (with float32 row scales) and multiplies into int32; the
@@ -80,18 +80,28 @@ class BnbAdamWRule(torch.optim.Optimizer):
 
 
 class _Dequantized(torch.autograd.Function):
-    """y = x W^T with W dequantized for the matmul (and again for the input's gradient)."""
+    """y = x W^T with W dequantized for the matmul (and again for the input's gradient).
+    With double quantisation the block absmax is dequantized first, in float32: in the
+    forward (bitsandbytes' dequantize-then-matmul path on CUDA) it and its offset sum
+    live through the matmul; in the backward it lives until the weight is made."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, out_features: int, dtype: torch.dtype) -> torch.Tensor:
-        ctx.shape, ctx.dtype = (out_features, x.shape[-1]), dtype
+    def forward(
+        ctx: Any, x: torch.Tensor, out_features: int, dtype: torch.dtype, blocks: int
+    ) -> torch.Tensor:
+        ctx.shape, ctx.dtype, ctx.blocks = (out_features, x.shape[-1]), dtype, blocks
+        absmax = [torch.empty(blocks, device=x.device) for _ in range(2 if blocks else 0)]
         weight = torch.empty(ctx.shape, dtype=dtype, device=x.device)
-        return x @ weight.t()
+        out = x @ weight.t()
+        del absmax, weight
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        absmax = torch.empty(ctx.blocks, device=grad.device) if ctx.blocks else None
         weight = torch.empty(ctx.shape, dtype=ctx.dtype, device=grad.device)
-        return grad @ weight, None, None
+        del absmax
+        return grad @ weight, None, None, None
 
 
 class _Int8(torch.autograd.Function):
@@ -126,6 +136,8 @@ class QuantizedLinear(torch.nn.Linear):
             self.in_features, self.out_features = int(weight.shape[0]), int(weight.shape[1])
         self.method, self.compute_dtype = method, dtype
         n, device = weight.numel(), weight.device
+        # The absmax blocks dequantized around each matmul (double quantisation only).
+        self.nested_blocks = math.ceil(n / NF4_BLOCK) if method == "nf4" and double else 0
         if method == "nf4":
             packed = torch.empty(math.ceil(n / 2), 1, dtype=torch.uint8, device=device)
             blocks = math.ceil(n / NF4_BLOCK)
@@ -133,7 +145,8 @@ class QuantizedLinear(torch.nn.Linear):
                 stats = [
                     torch.empty(blocks, dtype=torch.uint8, device=device),
                     torch.empty(math.ceil(blocks / NF4_DOUBLE_BLOCK), device=device),
-                    torch.empty(256, device=device),
+                    torch.empty(256, device=device),  # the absmax's code, a copy per layer
+                    torch.empty((), device=device),  # the absmax's offset (their mean)
                 ]
             else:
                 stats = [torch.empty(blocks, device=device)]
@@ -150,8 +163,11 @@ class QuantizedLinear(torch.nn.Linear):
         self.register_parameter("bias", cast("torch.nn.Parameter | None", bias))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        fn = _Dequantized if self.method == "nf4" else _Int8
-        out = fn.apply(x.to(self.compute_dtype), self.out_features, self.compute_dtype)
+        inp = x.to(self.compute_dtype)
+        if self.method == "nf4":
+            out = _Dequantized.apply(inp, self.out_features, self.compute_dtype, self.nested_blocks)
+        else:
+            out = _Int8.apply(inp, self.out_features, self.compute_dtype)
         if self.bias is not None:
             out = out + self.bias.to(self.compute_dtype)
         return out.to(x.dtype)
