@@ -28,8 +28,14 @@ os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 PARAMS: dict[str, Any] = {
     "model": "llama-1b",
-    "config": {"num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 1024,
-               "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 2048},
+    "config": {
+        "num_hidden_layers": 2,
+        "hidden_size": 256,
+        "intermediate_size": 1024,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "vocab_size": 2048,
+    },
     "precision": "bf16",
     "batch_size": 2,
     "seq_len": 128,

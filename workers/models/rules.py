@@ -13,8 +13,9 @@ worker runs the real libraries (CUDA); bench/truth/ checks these rules against t
   pages it to the host when the GPU runs short. It is reported apart, never in the peak.
 - NF4 (Linear4bit): the weight packed two per byte; an absmax per 64 elements (float32,
   or with double quantisation uint8 plus a float32 per 256 of them, a 256-entry code and
-  a float32 offset); a 16-entry code per layer. Forward and backward each dequantize the whole weight in the
-  compute dtype for the matmul and free it.
+  a float32 offset); a 16-entry code per layer. Forward and backward each dequantize the
+  whole weight in the compute dtype for the matmul and free it (with double quantisation,
+  the absmax first, in float32); ``MatMul4Bit`` saves only the packed weight.
 - LLM.int8 (Linear8bitLt): int8 weight and a float32 scale per output row; the forward
   quantizes its input to int8 (with float32 row scales) and multiplies into int32; the
   backward dequantizes the weight in the compute dtype.
