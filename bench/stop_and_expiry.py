@@ -14,7 +14,8 @@ busy loop each, as ``stress-ng --cpu N`` would run; 0: no loaded pass). Each pas
 - expiry: a worker runs a long experiment (``sleep``) and is killed with SIGKILL, its
   forkserver and child with it, so nothing heartbeats or claims; the lease's expiry is
   read from the database, and the API is asked every 20 ms until the experiment shows
-  ``queued`` (or ``lost``): the time from the expiry to that answer.
+  ``queued`` (or ``lost``): the time from the expiry to that answer, and to the reaper's
+  round that settled it (the row's ``available_at``).
 
 Prints each figure beside the issue's target (2 s) with the load average of its pass.
 """
@@ -148,10 +149,12 @@ def sigterm_exit(url: str, client: httpx.Client, device: str, log: Path, n: int)
             proc.wait()
 
 
-def _expiry(engine: sa.Engine, exp_id: str) -> datetime:
+def _moment(engine: sa.Engine, column: str, exp_id: str) -> datetime:
+    """A timestamp of the experiment's row (``lease_expires_at``; ``available_at``, which
+    a requeue sets to the reaper's round's time)."""
     with engine.connect() as conn:
         value = conn.execute(
-            sa.text("SELECT lease_expires_at FROM experiments WHERE id = :id"), {"id": exp_id}
+            sa.text(f"SELECT {column} FROM experiments WHERE id = :id"), {"id": exp_id}
         ).scalar_one()
     moment = value if isinstance(value, datetime) else datetime.fromisoformat(str(value))
     return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
@@ -159,7 +162,9 @@ def _expiry(engine: sa.Engine, exp_id: str) -> datetime:
 
 def expiry_seen(
     url: str, client: httpx.Client, engine: sa.Engine, device: str, log: Path, n: int
-) -> float:
+) -> tuple[float, float]:
+    """Seconds from the lease's expiry to the API showing it settled, and to the reaper's
+    round that settled it."""
     proc = start_worker(url, device, f"kill-{n}", log)
     try:
         wait_live(client, f"kill-{n}", proc)
@@ -185,14 +190,15 @@ def expiry_seen(
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the worker, its forkserver and its child
         proc.wait()
-    expires = _expiry(engine, exp_id)  # no heartbeat moves it any more
+    expires = _moment(engine, "lease_expires_at", exp_id)  # no heartbeat moves it any more
     deadline = time.monotonic() + 120
     while True:
         status = client.get(f"/v1/experiments/{exp_id}").json()["status"]
         seen = datetime.now(UTC)
         if status in ("queued", "lost"):
+            settled = _moment(engine, "available_at", exp_id) if status == "queued" else seen
             client.post(f"/v1/experiments/{exp_id}/cancel")
-            return (seen - expires).total_seconds()
+            return (seen - expires).total_seconds(), (settled - expires).total_seconds()
         if time.monotonic() > deadline:
             raise RuntimeError(f"still {status} two minutes after its lease expired")
         time.sleep(0.02)
@@ -207,11 +213,13 @@ def one_pass(args: argparse.Namespace, label: str, log: Path) -> dict[str, Any]:
         for i in range(args.runs):
             exits.append(sigterm_exit(url, client, args.device, log, i))
             loads.append(os.getloadavg()[0])
-            seen.append(expiry_seen(url, client, engine, args.device, log, i))
+            shown, round_at = expiry_seen(url, client, engine, args.device, log, i)
+            seen.append(shown)
             loads.append(os.getloadavg()[0])
             print(
                 f"  {label} run {i}: exit {exits[-1]:.2f} s after SIGTERM, re-queued "
-                f"{seen[-1]:+.2f} s after expiry, load {loads[-1]:.1f}",
+                f"{shown:+.2f} s after expiry (the reaper's round {round_at:+.2f} s), "
+                f"load {loads[-1]:.1f}",
                 flush=True,
             )
     engine.dispose()
