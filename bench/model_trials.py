@@ -149,7 +149,10 @@ def main() -> None:
     with running_service(args.device) as client:
         for i in range(args.trials):
             took, exp = trial(client, spec)
-            print(f"  trial {i}: {took:6.2f} s  {exp['status']}  child: {child_start(exp)}")
+            print(
+                f"  trial {i}: {took:6.2f} s  {exp['status']}  worker (claim to result) "
+                f"{worker_s(exp) or 0:5.2f} s  child: {child_start(exp)}"
+            )
             times.append(took)
         fit_s, fit = fit_search(client, spec, int(args.capacity_gib * 2**30))
         print(f"  fit search: {fit_s:.2f} s, {fit['status']}")
