@@ -94,8 +94,7 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     p.add_argument(
         "--cold",
         action="store_true",
-        help="no warm spare or model children: fork each experiment's child when it is "
-        "claimed",
+        help="no warm spare or model children: fork each experiment's child when it is claimed",
     )
     p.add_argument(
         "--alive-file",

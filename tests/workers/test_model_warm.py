@@ -30,9 +30,7 @@ DEVICES = [
 
 
 def _spec(device: str = "cpu") -> dict[str, Any]:
-    return build_spec(
-        "model", [], dict(TINY), device=device, warmup=0, repeat=1, timeout_s=300.0
-    )
+    return build_spec("model", [], dict(TINY), device=device, warmup=0, repeat=1, timeout_s=300.0)
 
 
 def _bytes_only(value: Any) -> Any:
