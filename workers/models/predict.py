@@ -32,6 +32,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+from unittest import mock
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -368,7 +369,7 @@ def _trace(
     params = ModelParams.of(params)
     semantics = CudaSemantics() if cuda else None
     log = AllocationLog(workspace=CUBLAS_WORKSPACE if cuda else 0) if logged else None
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    with FakeTensorMode(allow_non_fake_inputs=True), _unpacked():
         with contextlib.ExitStack() as logging:
             if log is not None:
                 logging.enter_context(log)
@@ -397,6 +398,26 @@ def _trace(
             log.close()  # what dies after step 2 (the model, as the trace ends) is not in it
             _drop_host_tensors(built, log)
     return phases, log
+
+
+@contextlib.contextmanager
+def _unpacked() -> Iterator[None]:
+    """transformers' look for packed sequences, answered as real tensors answer it here.
+    Without a KV cache or an attention mask (a training forward under Trainer, which turns
+    the cache off), transformers reads the position ids to find several sequences packed in
+    a row; on fake tensors it cannot read them and assumes packing, so it builds a whole
+    batch x seq x seq mask and hands it to SDPA (another kernel, the mask held for the
+    backward). The worker's inputs hold one sequence per row: no packing, no mask."""
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        yield
+        return
+    if not hasattr(masking_utils, "find_packed_sequence_indices"):
+        yield
+        return
+    with mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda ids: None):
+        yield
 
 
 # What fake tensors cannot do that real ones can (a value read while building): the model
