@@ -89,3 +89,19 @@ def test_a_config_json_builds_the_model_it_describes(runner: Runner) -> None:
     assert inline["model"]["peak_allocated"] == preset["model"]["peak_allocated"]
     assert inline["model"]["parameter_count"] == preset["model"]["parameter_count"]
     assert close(predicted, inline["model"]["peak_allocated"])
+
+
+def test_a_cuda_prediction_keeps_a_one_byte_mask_per_dropout() -> None:
+    """CUDA runs a training dropout as ATen's fused kernel, which keeps a bool mask for the
+    backward; the CPU keeps its noise in the input's dtype (four bytes an element in
+    float32). The CUDA prediction traced on CPU fake tensors holds CUDA's masks."""
+    from workers.models.predict import predict
+
+    def activations(dropout: float) -> int:
+        params = build_spec("model", [], {**GPT2, "dropout": dropout}, device="cuda")["params"]
+        return int(predict(params, "cuda")["categories"]["activations"])
+
+    # tiny-gpt2: the embeddings' dropout and two per block (after attention, after the
+    # MLP), each over batch x seq x width; attention's own dropout is inside its kernel.
+    masks = (1 + 2 * 2) * (4 * 32 * 64)
+    assert activations(0.1) - activations(0.0) == masks
