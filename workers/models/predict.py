@@ -53,7 +53,7 @@ from workers.models.alloc_log import (
 from workers.models.build import Built, build
 from workers.models.caching_allocator import CachingAllocator, Settings, replay
 from workers.models.cuda_semantics import CudaSemantics
-from workers.models.steps import run_step, tally_step
+from workers.models.steps import START, run_step, tally_step
 from workers.models.tally import BLOCK, rounded
 
 MiB = 2**20
@@ -243,8 +243,11 @@ def trace(
     else:
         logged = settings is not None and params.task != "generate"
         phases, events = _phases(params, cuda, logged)
-    phase = max(phases, key=lambda name: sum(phases[name].values()))
-    categories = {str(k): v for k, v in phases[phase].items()}
+    # Each phase's peak and its start, each extended on its own line: at a shallow depth a
+    # phase can peak at a moment that grows less per block than its start does.
+    moment = max(phases, key=lambda name: sum(phases[name].values()))
+    categories = {str(k): v for k, v in phases[moment].items()}
+    phase = moment.removesuffix(START)
     caveats = list(CAVEATS) if cuda else [CPU_CAVEAT]
     extended = events if isinstance(events, tuple) else None
     if extended is not None:

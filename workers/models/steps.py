@@ -20,6 +20,9 @@ from workers.models.build import Built
 from workers.models.tally import OTHER, Peak, Tally
 
 Phase = Callable[[str], AbstractContextManager[Any]]
+# A phase's start in ``Peak.phases`` (``backward@start``): a moment the predictor extends
+# beside each phase's peak (workers/models/predict.py).
+START = "@start"
 
 
 @contextmanager
@@ -94,7 +97,8 @@ def in_float32(out: Any) -> Any:
     if isinstance(out, torch.Tensor):
         return out.float() if out.dtype in (torch.float16, torch.bfloat16) else out
     if isinstance(out, Mapping):
-        return type(out)({k: in_float32(v) for k, v in out.items()})
+        kind: Any = type(out)  # a ModelOutput, a dict: each takes a mapping
+        return kind({k: in_float32(v) for k, v in out.items()})
     if isinstance(out, tuple | list):
         return type(out)(in_float32(v) for v in out)
     return out
@@ -207,4 +211,7 @@ def tally_step(
         for name in tally.phase_peaks
         if name != OTHER
     }
+    for name in tally.phase_starts:
+        if name != OTHER:
+            peak.phases[name + START] = tally.categorize(*state, phase=name, start=True).categories
     return peak
