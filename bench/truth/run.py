@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -209,9 +210,16 @@ def truth_case(params: dict[str, Any]) -> dict[str, Any]:
 
 def plain(params: dict[str, Any], cpu: bool = False) -> dict[str, Any]:
     script = "plain_distributed.py" if params.get("distributed") else "plain.py"
+    env = dict(os.environ)
+    if not params.get("distributed"):
+        # One GPU, as vramlab's experiment has: on a host of several, Trainer would wrap
+        # the model in DataParallel across all it sees (a 645 MiB higher step-2 peak on
+        # the first of two H200s).
+        env.setdefault("CUDA_VISIBLE_DEVICES", "0")
     done = subprocess.run(
         [sys.executable, str(HERE / script), json.dumps(truth_case(params))]
         + (["--cpu"] if cpu else []),
+        env=env,
         capture_output=True,
         text=True,
         timeout=900,
