@@ -124,25 +124,86 @@ def test_variants_and_suggestions_ranked_by_bytes_saved(client: httpx.Client) ->
         assert s["makes_fit"] in ([], ["16.0 MiB (capacity_bytes)"])
 
 
-def test_the_ways_people_fine_tune_are_ranked_among_the_ways_to_fit(
+def test_the_ways_to_fine_tune_are_ranked_for_each_card_with_what_they_train(
     client: httpx.Client,
 ) -> None:
-    # Each predicted: adapters only (LoRA), a 4-bit base beneath them (QLoRA: GPT-2's
-    # Conv1D layers quantized as transformers does), 8-bit optimizer state. (At the peak a
-    # 4-bit base's dequantized copies can cost about what its smaller weights save.)
+    # Each predicted at the spec's batch: the spec as given (a full fine-tune), 8-bit
+    # AdamW, LoRA (adapters only), QLoRA (a 4-bit base beneath them: GPT-2's Conv1D
+    # layers quantized as transformers does) and FSDP2 on the fewest of 2, 4 or 8 GPUs
+    # that fit, its figures per rank. At 2 x 64 tokens this 4-block GPT-2 reserves about
+    # 1.6 GiB as given, 1.1 GiB with 8-bit AdamW or per rank of FSDP on 2 GPUs, 0.9 on 4,
+    # under 0.5 GiB with LoRA or QLoRA.
     params = {"model": "gpt2", "batch_size": 2, "seq_len": 64, "config": {"n_layer": 4}}
-    body = {"spec": {"op": "model", "params": params}, "capacity_bytes": 256 * MiB}
+    body = {
+        "spec": {"op": "model", "params": params},
+        "gpus": ["h100"],
+        "capacity_bytes": 1000 * MiB,
+    }
     r = client.post("/v1/plans", json=body, timeout=300)
     assert r.status_code == 200, r.text
-    by_label = {s["label"]: s for s in r.json()["suggestions"]}
-    lora = by_label["LoRA r=16 (fine-tune adapters only)"]
-    qlora = by_label["QLoRA: a 4-bit NF4 base with LoRA r=16"]
-    eight = by_label["8-bit AdamW"]
-    assert lora["change"]["peft"]["r"] == 16 and qlora["change"]["quantization"]["method"] == "nf4"
-    # LoRA drops the base's gradients and optimizer state, 8-bit AdamW shrinks the state:
-    assert lora["bytes_saved"] > eight["bytes_saved"] > 0
-    assert qlora["bytes_saved"] > 0
-    assert "adapters" in lora["time_cost"] and "dequantizes" in qlora["time_cost"]
+    plan = r.json()
+    full = 67_736_832  # GPT-2's embeddings and 4 blocks
+    lora = 786_432  # r=16 on every linear layer (Conv1D) of 4 blocks
+    answer = plan["answers"][0]["prediction"]
+    assert answer["parameters"] == answer["trainable_parameters"] == full
+    by_card = {c["gpu"]: c["ways"] for c in plan["ways"]}
+    assert list(by_card) == ["H100 SXM 80GB", "1000.0 MiB (capacity_bytes)"]
+    for ways in by_card.values():
+        assert [w["rank"] for w in ways] == list(range(1, len(ways) + 1))
+        by_label = {w["label"]: w for w in ways}
+        assert by_label["full fine-tune (as given)"]["change"] == {}
+        assert by_label["full fine-tune (as given)"]["trainable_parameters"] == full
+        assert by_label["8-bit AdamW"]["trainable_parameters"] == full
+        assert by_label["LoRA r=16 (adapters only)"]["trainable_parameters"] == lora
+        qlora = by_label["QLoRA: a 4-bit NF4 base with LoRA r=16"]
+        assert qlora["trainable_parameters"] == lora and qlora["parameters"] > full
+        assert qlora["change"]["quantization"]["method"] == "nf4"
+        for w in ways:
+            assert w["headroom_bytes"] == next(
+                c["usable_bytes"] for c in plan["ways"] if c["ways"] is ways
+            ) - w["peak_reserved"]
+    # On the H100 every way fits: the fewest GPUs, the most trained, the least changed.
+    h100 = by_card["H100 SXM 80GB"]
+    assert [(w["label"], w["gpus"], w["fits"]) for w in h100] == [
+        ("full fine-tune (as given)", 1, True),
+        ("8-bit AdamW", 1, True),
+        ("LoRA r=16 (adapters only)", 1, True),
+        ("QLoRA: a 4-bit NF4 base with LoRA r=16", 1, True),
+        ("FSDP2 full sharding on 2 GPUs", 2, True),
+    ]
+    # On 1000 MiB what fits comes first; FSDP takes the fewest GPUs that fit (2 do not).
+    small = by_card["1000.0 MiB (capacity_bytes)"]
+    assert [(w["label"], w["gpus"], w["fits"]) for w in small] == [
+        ("LoRA r=16 (adapters only)", 1, True),
+        ("QLoRA: a 4-bit NF4 base with LoRA r=16", 1, True),
+        ("FSDP2 full sharding on 4 GPUs", 4, True),
+        ("full fine-tune (as given)", 1, False),
+        ("8-bit AdamW", 1, False),
+    ]
+    fsdp = small[2]
+    assert fsdp["change"] == {"distributed": {"strategy": "fsdp", "gpus": 4}}
+    assert fsdp["trainable_parameters"] == full and "per rank" in fsdp["note"]
+    assert fsdp["peak_reserved"] < 1000 * MiB < h100[4]["peak_reserved"]
+    assert "adapters" in small[0]["time_cost"] and "dequantizes" in small[1]["time_cost"]
+    # The ways are not repeated among the smaller changes that would make it fit.
+    labels = [s["label"] for s in plan["suggestions"]]
+    assert labels and not any("LoRA" in x or "FSDP" in x or "8-bit" in x for x in labels)
+    assert all(s["trainable_parameters"] == full for s in plan["suggestions"])
+
+
+def test_a_distributed_variant_is_answered_per_rank_with_its_gpus(
+    client: httpx.Client,
+) -> None:
+    fsdp = {"distributed": {"strategy": "fsdp", "gpus": 4}}
+    plan = _plan(client, capacity_bytes=2**30, variants=[{}, fsdp], suggest=False, verify=False)
+    one, four = plan["answers"]
+    assert one["variant"]["gpus"] == 1 and four["variant"]["gpus"] == 4
+    assert four["prediction"]["peak_allocated"] < one["prediction"]["peak_allocated"]
+    # every rank holds a quarter of the parameters, and trains the whole model
+    full = one["prediction"]["categories"]["parameters"]
+    assert four["prediction"]["categories"]["parameters"] < full
+    assert four["prediction"]["trainable_parameters"] == one["prediction"]["trainable_parameters"]
+    assert plan["ways"] == []  # suggest off: no ways either
 
 
 def test_a_plan_varies_the_sequence_length_up_to_the_models_positions(
