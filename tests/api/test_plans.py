@@ -255,6 +255,9 @@ def test_the_plan_and_gpus_commands_print_readable_tables(
     assert "RTX 4090 24GB" in out and "yes," in out and "NO," in out and "short" in out
     assert "micro_batches=2" in out and "max batch_size" in out
     assert "what would make it fit" in out
+    assert "ways to fine-tune on RTX 4090 24GB" in out and "LoRA r=16" in out
+    assert "FSDP2 full sharding on 2 GPUs" in out and "per GPU" in out
+    assert "full fine-tune (as given)" in out and " of " in out  # trainable of all
     assert main(["plan", "tiny-gpt2", "--gpu", "no such card", *args]) == 1
     assert "gpus[0]" in capsys.readouterr().err
 
@@ -310,6 +313,8 @@ def test_the_plan_page_draws_each_answer_against_the_cards_usable_memory(
     assert "RTX 4090 24GB" in html and "16.0 MiB (capacity_bytes)" in html
     assert "does not fit" in html and "short" in html and "spare" in html
     assert "What would make it fit" in html
+    assert 'id="plan-ways"' in html and "FSDP2 full sharding on 2 GPUs" in html
+    assert "full fine-tune (as given)" in html and "per GPU" in html
     assert 'id="plan-error"' not in html
     wrong = client.get("/ui/plan", params={**form, "gpus": "no such card"}, timeout=300)
     assert wrong.status_code == 200
