@@ -273,6 +273,28 @@ def test_a_fit_for_a_gpu_no_worker_has_points_to_the_plan_that_answers_now(
     assert 'vramlab plan gpt2 --batch 16 --seq 1024 --gpu "RTX 4090"' in message
 
 
+@pytest.mark.parametrize("where", ["spec", "variant"])
+def test_a_fit_across_gpus_is_refused_with_the_plan_that_predicts_the_fewest(
+    client: httpx.Client, where: str
+) -> None:
+    # A fit's trials run under an emulated card per process; N ranks cannot take one yet.
+    fsdp = {"distributed": {"strategy": "fsdp", "gpus": 4}}
+    params = {"model": "gpt2", "batch_size": 16, "seq_len": 1024}
+    body: dict[str, Any] = {"capacity_bytes": 24 * GiB}
+    if where == "spec":
+        body["spec"] = {"op": "model", "device": "cuda", "params": {**params, **fsdp}}
+    else:
+        body["spec"] = {"op": "model", "device": "cuda", "params": params}
+        body["variants"] = [{}, fsdp]
+    r = client.post("/v1/fits", json=body)
+    assert r.status_code == 422, r.text
+    detail = r.json()["error"]["details"][0]
+    field = "spec.params.distributed" if where == "spec" else "variants[1].distributed"
+    assert detail["field"] == field
+    assert "vramlab plan gpt2 --batch 16 --seq 1024" in detail["message"]
+    assert "fewest of 2, 4 or 8 GPUs" in detail["message"]
+
+
 def test_a_fit_for_the_gpu_of_a_worker_that_is_gone_points_to_the_plan(
     database_url: str,
 ) -> None:
