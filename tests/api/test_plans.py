@@ -148,7 +148,8 @@ def test_the_ways_to_fine_tune_are_ranked_for_each_card_with_what_they_train(
     assert answer["parameters"] == answer["trainable_parameters"] == full
     by_card = {c["gpu"]: c["ways"] for c in plan["ways"]}
     assert list(by_card) == ["H100 SXM 80GB", "1000.0 MiB (capacity_bytes)"]
-    for ways in by_card.values():
+    for card in plan["ways"]:
+        ways = card["ways"]
         assert [w["rank"] for w in ways] == list(range(1, len(ways) + 1))
         by_label = {w["label"]: w for w in ways}
         assert by_label["full fine-tune (as given)"]["change"] == {}
@@ -159,9 +160,7 @@ def test_the_ways_to_fine_tune_are_ranked_for_each_card_with_what_they_train(
         assert qlora["trainable_parameters"] == lora and qlora["parameters"] > full
         assert qlora["change"]["quantization"]["method"] == "nf4"
         for w in ways:
-            assert w["headroom_bytes"] == next(
-                c["usable_bytes"] for c in plan["ways"] if c["ways"] is ways
-            ) - w["peak_reserved"]
+            assert w["headroom_bytes"] == card["usable_bytes"] - w["peak_reserved"]
     # On the H100 every way fits: the fewest GPUs, the most trained, the least changed.
     h100 = by_card["H100 SXM 80GB"]
     assert [(w["label"], w["gpus"], w["fits"]) for w in h100] == [
