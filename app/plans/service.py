@@ -96,7 +96,9 @@ class Tracer:
         self._done: dict[str, ModelPrediction] = {}
         self.asked = 0
 
-    def many(self, batch: list[dict[str, Any]]) -> list[ModelPrediction]:
+    def many(self, batch: list[dict[str, Any]], soft: bool = False) -> list[ModelPrediction]:
+        """Each params' prediction (a refusal: InvalidSpec; with ``soft``, a prediction
+        with no figures whose caveat says why, for what a plan only offers)."""
         keys = [json.dumps(p, sort_keys=True) for p in batch]
         todo = {k: p for k, p in zip(keys, batch, strict=True) if k not in self._done}
         if todo:
@@ -107,13 +109,22 @@ class Tracer:
                     retry_after=5,
                 )
             with ThreadPoolExecutor(max_workers=min(PARALLEL, len(todo))) as pool:
-                answers = list(pool.map(self._one, todo.values()))
+                answers = list(pool.map(self._soft if soft else self._one, todo.values()))
             self._done.update(zip(todo, answers, strict=True))
             self.asked += sum(1 for p in todo.values() if "__edges" not in p)  # traces
         return [self._done[k] for k in keys]
 
     def one(self, params: dict[str, Any]) -> ModelPrediction:
         return self.many([params])[0]
+
+    def soft(self, batch: list[dict[str, Any]]) -> list[ModelPrediction]:
+        return self.many(batch, soft=True)
+
+    def _soft(self, params: dict[str, Any]) -> ModelPrediction:
+        try:
+            return self._predict(params)
+        except CatalogError as exc:
+            return ModelPrediction(None, None, None, (exc.message,))
 
     def _one(self, params: dict[str, Any]) -> ModelPrediction:
         try:
@@ -450,7 +461,7 @@ def plan(
         short = [a.gpu.name for a in answers if a.variant.index == 0 and a.fits is False]
         if short:
             suggestions = suggest.ranked(
-                tracer.many,
+                tracer.soft,
                 allowed,
                 vs[0].params,
                 body.vary,
@@ -459,14 +470,15 @@ def plan(
                 cards,
                 short,
             )
-        ways = fine_tune_ways.ranked(
-            tracer.many,
+        ways, unranked = fine_tune_ways.ranked(
+            tracer.soft,
             normalized,
             vs[0].params,
             groups[0][0],
             [a for a in answers if a.variant.index == 0],
             cards,
         )
+        caveats += unranked
     return PlanOut(
         model=model,
         vary=body.vary,

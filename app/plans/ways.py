@@ -114,13 +114,14 @@ def ranked(
     base: ModelPrediction,
     given: Sequence[PlanAnswer],
     cards: Sequence[Card],
-) -> list[CardWays]:
+) -> tuple[list[CardWays], list[str]]:
     """For each card, the ways ranked (``base``: the spec's own prediction; ``given``: its
     answers, one per card, whose ``fits`` the spec's row keeps). Each way is predicted
     once for every card; FSDP's row on a card is the fewest GPUs that fit it (the most
-    tried where none does)."""
+    tried where none does). Also what could not be predicted (a way past the
+    predictor's time limit), each a line saying why."""
     if params.get("task") != "train" or base.peak_reserved is None:
-        return []
+        return [], []
     found: list[tuple[Candidate, dict[str, Any]]] = []
     for c in candidates(params):
         full = normalize({**params, **c.change})
@@ -131,6 +132,11 @@ def ranked(
         Predicted(c, a)
         for (c, _), a in zip(found, answers, strict=True)
         if a.peak_reserved is not None
+    ]
+    unranked = [
+        f"not ranked: {c.label}: {'; '.join(a.caveats) or 'not predicted'}"
+        for (c, _), a in zip(found, answers, strict=True)
+        if a.peak_reserved is None
     ]
     label = (
         "full fine-tune (as given)" if _full_fine_tune(params) else f"as given ({_kind(params)})"
@@ -150,7 +156,7 @@ def ranked(
         rows.sort(key=_order)
         ranked_rows = [w.model_copy(update={"rank": r}) for r, w in enumerate(rows, start=1)]
         out.append(CardWays(gpu=card.name, usable_bytes=card.usable_bytes, ways=ranked_rows))
-    return out
+    return out, unranked
 
 
 def _reserved(a: ModelPrediction) -> int:
