@@ -105,6 +105,10 @@ def cmd_up(args: argparse.Namespace) -> int:
             "run `vramlab serve` and start workers elsewhere"
         )
         return 2
+    # The predictor's children start with the API (unless the environment says not):
+    # a newcomer's first model question is answered without waiting for their start.
+    os.environ.setdefault("VRAMLAB_MODEL_PREDICTOR_START", "true")
+    get_settings.cache_clear()
     settings = get_settings()
     _migrate(settings.database_url)
     # The worker reaches the API on loopback when it listens on every address.

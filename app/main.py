@@ -92,6 +92,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 app.state.fit_wake,
             )
         )
+        if settings.model_predictor_start:  # warm before the first model question
+            predictor = predictor_service.shared(settings)
+            if predictor is not None:
+                predictor.start()
         # Replicas on one PostgreSQL database wake each other's waiting claims.
         listener = None
         if not app.state.db.is_sqlite:

@@ -26,9 +26,10 @@ step truth "${TRUTH_S:-170}" python3 -m bench.truth.run --only ${TRUTH_CASES:-dr
 step distributed-tests "${DIST_TESTS_S:-0}" python3 -m pytest -q -m cuda -p no:cacheprovider tests/workers/test_distributed_cuda.py
 step distributed-truth "${DIST_TRUTH_S:-0}" python3 -m bench.truth.run --only ${DIST_CASES:-ddp-gpt2-2 fsdp-llama8b-2 fsdp-llama1b-bf16mp-2 ddp-gpt2-4 fsdp-llama8b-4 hsdp-llama1b-4} --out "$out/logs/distributed.json"
 step sweep "${SWEEP_S:-60}" python3 bench/sweep_rate.py --device cuda --runs 1
-step trials "${TRIALS_S:-80}" python3 bench/model_trials.py --device cuda --model gpt2 --trials 4 --batch 4 --seq 256
+step clean "${CLEAN_S:-150}" python3 bench/experiment_rate.py --device cuda --only "default flags,1 warm,2 warm" --seq 20 --burst 40
+step trials "${TRIALS_S:-300}" python3 bench/model_trials.py --device cuda --model gpt2 --trials 4 --batch 4 --seq 256
 tar -C "$out" -czf "$out/logs.tar.gz" logs
-for f in cuda-tests truth distributed-tests distributed-truth sweep trials; do
+for f in cuda-tests truth distributed-tests distributed-truth sweep clean trials; do
   echo "== $f"
   [ -f "$out/logs/$f.log" ] && grep -v -i "warn" "$out/logs/$f.log" | tail -n 14
 done

@@ -37,7 +37,10 @@ def running_service(
         **os.environ,
         "VRAMLAB_DATABASE_URL": database_url or f"sqlite:///{tmp / 'bench.db'}",
         "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+        # As under `vramlab up`: the model predictor's children start with the API.
+        "VRAMLAB_MODEL_PREDICTOR_START": os.environ.get("VRAMLAB_MODEL_PREDICTOR_START", "true"),
     }
+    predictor_start = env["VRAMLAB_MODEL_PREDICTOR_START"].lower() in ("1", "true", "on", "yes")
     cli = [sys.executable, "-m", "app.cli"]
     log = (tmp / "service.log").open("wb")
     api_command = [*serve, "--port", str(port)] if serve else [*cli, "serve", "--port", str(port)]
@@ -59,7 +62,9 @@ def running_service(
             while True:
                 try:
                     workers = client.get("/v1/workers").json()
-                    if sum(1 for w in workers if w["live"]) >= _loops(worker_args):
+                    if sum(1 for w in workers if w["live"]) >= _loops(worker_args) and (
+                        not predictor_start or _predictor_ready(client)
+                    ):
                         break
                 except httpx.TransportError:
                     pass
@@ -71,6 +76,14 @@ def running_service(
         for proc in (worker, api):
             proc.terminate()
             proc.wait(timeout=60)
+
+
+def _predictor_ready(client: httpx.Client) -> bool:
+    """Whether a lane of the API's model predictor has started (or none can: no torch)."""
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("vramlab_predictor_lanes_ready "):
+            return float(line.split()[1]) >= 1
+    return True
 
 
 def _free_port() -> int:

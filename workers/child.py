@@ -67,7 +67,8 @@ def warm_models() -> None:
 
 def serve(device: str, conn: Connection, models: bool = False) -> None:
     """A warm child: start the device, then run the specs the runner sends on the pipe.
-    ``models``: a model's warm child, with what a model's trial imports already imported.
+    ``models``: a model's warm child, with what a model's trial imports already imported;
+    it says so on the pipe (``{"warm": true}``) before it waits for its spec.
 
     A clean spec is the child's only one: it exits after the result. A shared spec makes
     it a shared process: after each result it empties and checks itself
@@ -78,6 +79,11 @@ def serve(device: str, conn: Connection, models: bool = False) -> None:
         warm_models()
     gc.freeze()
     prepared = prepare(torch.device(device))
+    if models:  # the runner keeps it for a trial only once it says so
+        try:
+            conn.send_bytes(json.dumps({"warm": True}).encode())
+        except OSError:  # the runner retired it meanwhile
+            return
     baseline: shared.Baseline | None = None
     runs = 0
     while True:

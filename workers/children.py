@@ -32,6 +32,19 @@ class Child:
     proc: ForkServerProcess | SpawnProcess
     conn: Connection  # the parent's end: the result arrives on it (a spare's spec leaves on it)
     runs: int = 0  # specs handed to it (a shared child serves many)
+    warmed: bool = False  # a model child that said it imported what a trial imports
+
+    def warm(self, timeout: float) -> str | None:
+        """A model child's first word, that it is warm: None once it came, else why not
+        (it exited, or said nothing within ``timeout`` seconds)."""
+        try:
+            if not self.conn.poll(timeout):
+                return f"it was not warm within {timeout:g} s"
+            answer = json.loads(self.conn.recv_bytes())
+        except (EOFError, OSError):
+            return "it exited"
+        self.warmed = bool(answer.get("warm"))
+        return None if self.warmed else str(answer.get("why"))
 
     def discard(self) -> None:
         """Stop it now, whatever it is doing."""

@@ -63,7 +63,10 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
         default=None,
         choices=range(1, 65),
         metavar="K",
-        help="warm spare children kept ready per device (default: the concurrency given, else 1)",
+        help="warm spare children kept ready per device, each with its CUDA context made "
+        "(default: by device, 2 on a GPU and 1 on the CPU, or the concurrency given where "
+        "it is more); where transformers is installed, one warm model child per device "
+        "besides, ready from the start",
     )
     p.add_argument(
         "--batch",
@@ -91,7 +94,7 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
     p.add_argument(
         "--cold",
         action="store_true",
-        help="no warm spare children: fork each experiment's child when it is claimed",
+        help="no warm spare or model children: fork each experiment's child when it is claimed",
     )
     p.add_argument(
         "--alive-file",

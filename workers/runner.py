@@ -24,6 +24,7 @@ starts a new one (from a warm spare where there is one).
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import multiprocessing
@@ -77,10 +78,22 @@ def _needs_cuda(spec: RunSpec) -> bool:
 
 # A device's warm model children are kept apart from its spares, under this suffix.
 _MODELS = "+models"
+# Warm model children kept per device: each holds transformers' modules and, on a GPU, a
+# CUDA context; one is made again while the trial that took the last one runs.
+MODEL_SPARES = 1
+# How long a model child may take to import what a trial imports and start its device
+# before it is given up on (a bound on a hang: seconds on a quiet host).
+MODEL_WARM_TIMEOUT_S = 300.0
 
 
 def _models_pool(device: str) -> str:
     return device + _MODELS
+
+
+def models_importable() -> bool:
+    """Whether this environment can run model experiments (transformers is installed).
+    Asked without importing it: the worker's own process stays torch-free."""
+    return importlib.util.find_spec("transformers") is not None
 
 
 # ``vramlab worker`` with no --concurrency: how many experiments a device runs at once
@@ -88,6 +101,11 @@ def _models_pool(device: str) -> str:
 # several tiny experiments' launches and host work; on the CPU one, as before: two loops
 # were not shown faster on a 2-core host, and each loop is a worker of its own name.
 DEFAULT_CONCURRENCY = {"cuda": 4, "cpu": 1}
+# Without --spares: warm spares kept per device. A spare's CUDA context takes about a
+# quarter of a second to make, so with clean experiments back to back one spare is not
+# ready again by the next claim and a second one covers that gap (p50 0.138 s against
+# 0.173 s on an H100, docs/gpu-measurements.md). A CPU spare is a fork, ready at once.
+DEFAULT_SPARES = {"cuda": 2, "cpu": 1}
 
 
 def concurrency_for(device_types: list[str], cpus: int | None = None) -> int:
@@ -97,14 +115,20 @@ def concurrency_for(device_types: list[str], cpus: int | None = None) -> int:
     return max(1, min(DEFAULT_CONCURRENCY["cpu"], cpus or os.cpu_count() or 1))
 
 
+def spares_for(device_types: list[str], concurrency: int = 1) -> int:
+    """The default number of warm spares per device of a worker that offers
+    ``device_types``: by device, or the concurrency given where it is more."""
+    return max(concurrency, DEFAULT_SPARES["cuda" if "cuda" in device_types else "cpu"])
+
+
 class Runner:
     """Runs experiments in clean children; thread-safe, up to ``concurrency`` at once.
 
-    ``warm`` keeps ``spares`` ready per device (default: ``concurrency``); without it
-    every experiment takes the cold path, as before spares existed. A spare's CUDA
-    context takes about a quarter of a second to make: with experiments back to back, one
-    spare is not ready again by the next claim, and a second one (``spares=2``, another
-    idle context on the GPU) covers that gap.
+    ``warm`` keeps ``spares`` ready per device (default: by device once the host is
+    probed, 2 on a GPU and 1 on the CPU, or the concurrency given where it is more;
+    ``DEFAULT_SPARES``); without it every experiment takes the cold path, as before
+    spares existed. Where transformers is installed, it also keeps a warm model child
+    per device from the start (``MODEL_SPARES``): the first model trial is warm too.
 
     Shared specs run in up to ``concurrency`` long-lived children per device, each
     retired after ``shared_runs`` experiments (or sooner: see the module's docstring).
@@ -131,7 +155,12 @@ class Runner:
         # shared-isolation experiments share a device (``DeviceGate``).
         self.by_device = concurrency is None
         concurrency = concurrency or 1
-        self.spare_count = spares or (1 if self.by_device else concurrency)
+        # None: by device once the host is probed (``capabilities``).
+        self.spares_given = spares
+        self.spare_count = spares or concurrency
+        # Whether model children are made (transformers importable); False after one
+        # failed to warm up, so that each trial does not try again.
+        self.models = warm and models_importable()
         self.shared_runs = shared_runs
         self.device = device
         self.warm = warm
@@ -171,7 +200,11 @@ class Runner:
     def capabilities(self) -> dict[str, Any]:
         """What this host offers (probed once, in a child), limited to this runner's device.
 
-        With spares on, the first one starts now, on the device most experiments use.
+        With spares on, the first ones start now, on the device most experiments use,
+        and, where the worker can run models, its first warm model child: this returns
+        once that child has imported what a trial imports and started its device, so a
+        worker registers (and takes work) only then. Nothing else runs meanwhile, so its
+        start-up competes with no experiment, as the rule for a CPU spare is.
         """
         with self._lock:
             if self._capabilities is not None:
@@ -191,9 +224,20 @@ class Runner:
             if self.by_device:
                 self.concurrency = concurrency_for(caps["device_types"])
                 self._shared.size = self.concurrency
-            if self.warm:
-                self._fill("cuda:0" if "cuda" in caps["device_types"] else "cpu")
-            return caps
+            if self.spares_given is None:
+                self.spare_count = spares_for(caps["device_types"], self.concurrency)
+        if self.warm:  # outside the lock, which _fill takes (in two threads here)
+            first = "cuda:0" if "cuda" in caps["device_types"] else "cpu"
+            models = None
+            if self.models:
+                models = threading.Thread(
+                    target=self._fill, args=(_models_pool(first),), daemon=True
+                )
+                models.start()
+            self._fill(first)
+            if models is not None:
+                models.join()
+        return caps
 
     def run(
         self,
@@ -241,7 +285,10 @@ class Runner:
         if reuse and ended == "finished":
             self._shared.give_back(device, child)
         if self.warm and device == "cpu":
-            self._fill_soon(_models_pool(device) if spec.is_model else device)
+            if not spec.is_model:
+                self._fill_soon(device)
+            elif self.models:
+                self._fill_soon(_models_pool(device))
         driver = (self._capabilities or {}).get("driver")
         outcome = outcome_of(payload, ended, code, trace_path, timeout, driver)
         outcome.pid = pid
@@ -295,7 +342,7 @@ class Runner:
         warm = self.warm and allocator.warm_safe(settings)
         model = args[0].get("op") == "model"
         spare = None
-        if warm and model:
+        if warm and model and self.models:
             spare = self._take_spare(_models_pool(device))
             if device != "cpu":
                 # The next trial's warm child imports transformers while this one runs; on
@@ -316,7 +363,9 @@ class Runner:
             # A CPU spare starts after the result instead (run()), so that its start-up
             # does not compete for the CPU with an experiment timed on the wall clock.
             self._fill_soon(device)
-        return child, "warm_spare" if spare is not None else "forked"
+        if spare is None:
+            return child, "forked"
+        return child, "warm_model" if spare.warmed else "warm_spare"
 
     def _shared_child(self, device: str, args: tuple[Any, ...]) -> tuple[Child, ChildStart]:
         """A shared child running ``args``' spec: an idle one that emptied itself, else a
@@ -359,22 +408,27 @@ class Runner:
 
     def _fill(self, pool_key: str) -> None:
         """Start spares for ``pool_key`` (a device, or a device's model children) until it
-        has ``spare_count``. The lock is not held
-        while one starts (seconds on a loaded host), so that ``close`` never waits for it:
-        a spare that comes up after ``close`` is retired at once."""
+        has ``spare_count`` (``MODEL_SPARES``). A model child joins its pool once it says
+        it is warm, so taking one never waits for more than what is left of its start.
+        The lock is not held while one starts (seconds on a loaded host), so that
+        ``close`` never waits for it: a spare that comes up after ``close`` is retired at
+        once."""
+        device = pool_key.removesuffix(_MODELS)
+        models = pool_key != device
+        most = MODEL_SPARES if models else self.spare_count
         while True:
             with self._lock:
                 ctx = self._ctx
-                if ctx is None:
+                if ctx is None or (models and not self.models):
                     return
                 pool = self._spares.setdefault(pool_key, [])
-                if len(pool) + self._starting.get(pool_key, 0) >= self.spare_count:
+                if len(pool) + self._starting.get(pool_key, 0) >= most:
                     return
                 self._starting[pool_key] = self._starting.get(pool_key, 0) + 1
-            device = pool_key.removesuffix(_MODELS)
-            args = (device, True) if pool_key != device else (device,)
             try:
-                child = spawn(ctx, "spare", args)
+                child = spawn(ctx, "spare", (device, True) if models else (device,))
+                if models and not self._await_warm(child):
+                    return
             except RuntimeError as exc:  # the experiments still run, on the cold path
                 log.warning("could not start a spare child for %s: %s", pool_key, exc)
                 return
@@ -387,6 +441,21 @@ class Runner:
                     continue
             retire_idle([child])  # closed meanwhile
             return
+
+    def _await_warm(self, child: Child) -> bool:
+        """Wait for a model child's word that it is warm. One that dies or hangs first is
+        stopped, and no more are made (trials take plain spares, which import what they
+        need): False."""
+        why = child.warm(MODEL_WARM_TIMEOUT_S)
+        if why is None:
+            return True
+        self._discard(child)
+        with self._lock:
+            if self._ctx is None:  # closed meanwhile: the worker is exiting
+                return False
+            self.models = False
+        log.warning("a warm model child did not start (%s): model trials start cold", why)
+        return False
 
     def _discard(self, child: Child) -> None:
         child.discard()

@@ -17,6 +17,7 @@ from sqlalchemy import func, select
 
 from app.core.config import Settings
 from app.core.db import Database
+from app.experiments import predictor
 from app.queue import workers
 from app.tables import Experiment
 from vramlab.contract import Status
@@ -39,6 +40,11 @@ class QueueCollector(Collector):
             "vramlab_workers_live", "Workers that sent a heartbeat lately"
         )
         imported = GaugeMetricFamily("vramlab_snapshots", "Imported memory snapshots")
+        predictor_ready = GaugeMetricFamily(
+            "vramlab_predictor_lanes_ready",
+            "The model predictor's lanes (children) in this API process that have started",
+        )
+        predictor_ready.add_metric([], predictor.ready_lanes())
         with self.db.session(write=False) as s:
             by_status = dict(
                 s.execute(
@@ -64,6 +70,7 @@ class QueueCollector(Collector):
         yield imported
         yield failures
         yield live_workers
+        yield predictor_ready
 
 
 def claim_looks(registry: CollectorRegistry) -> Counter:

@@ -72,6 +72,10 @@ class Settings(BaseSettings):
     # lower than the API's their CPU priority is (nice).
     model_predictor_children: int = Field(default=2, ge=1, le=64)
     model_predictor_nice: int = Field(default=10, ge=0, le=19)
+    # Start the children with the API, so that the first model question does not wait
+    # for them to import torch and transformers (`vramlab up` turns it on; left off, they
+    # start with the first model spec).
+    model_predictor_start: bool = False
     # One prediction's limit in CPU seconds (a child's start, importing torch, is not
     # counted), how long a spec waits for a free child, and how many specs one submitter
     # may have waiting.

@@ -134,6 +134,7 @@ class Predictor:
         # When a lane was first ready: a spec's wait counts from then at the earliest (the
         # pool's first start, importing torch, is no queue; on a busy machine it is long).
         self._ready_at: float | None = None
+        self._ready: set[int] = set()  # lanes whose child has started
         self._next = 0
 
     # The interface.
@@ -230,6 +231,17 @@ class Predictor:
             job.waiters.append(future)
         return future
 
+    @property
+    def ready_lanes(self) -> int:
+        """Lanes whose child (or connection) has started and can take a spec."""
+        with self._cond:
+            return len(self._ready)
+
+    def start(self) -> None:
+        """Start every lane now (each warms its child) instead of at the first spec."""
+        with self._cond:
+            self._start_lanes()
+
     def close(self) -> None:
         with self._cond:
             self._closed = True
@@ -252,9 +264,12 @@ class Predictor:
                 self.backend.warm(lane)  # before it takes a spec: a start is not a prediction
             except Unavailable as exc:
                 log.warning("%s", exc)
+                with self._cond:
+                    self._ready.discard(lane)
                 time.sleep(1)
             else:
                 with self._cond:
+                    self._ready.add(lane)
                     if self._ready_at is None:
                         self._ready_at = time.monotonic()
             job = self._take()
@@ -449,6 +464,12 @@ def shared(settings: Settings) -> Predictor | None:
         if key not in _shared:
             _shared[key] = make(settings)
         return _shared[key]
+
+
+def ready_lanes() -> int:
+    """Started lanes of this process's predictors (none is made by asking)."""
+    with _shared_lock:
+        return sum(p.ready_lanes for p in _shared.values() if p is not None)
 
 
 def close_shared() -> None:

@@ -66,9 +66,10 @@ FIT_VARIES = ("batch_size", "seq_len")
 
 
 # How the process that ran an experiment started: a warm spare (CUDA started before the
-# spec came), forked for the spec, a fresh interpreter (to change the allocator backend),
-# or ``shared``: a shared process that had already run other experiments.
-ChildStart = Literal["warm_spare", "forked", "fresh_interpreter", "shared"]
+# spec came), a warm model child (a warm spare that had also imported what a model's
+# trial imports), forked for the spec, a fresh interpreter (to change the allocator
+# backend), or ``shared``: a shared process that had already run other experiments.
+ChildStart = Literal["warm_spare", "warm_model", "forked", "fresh_interpreter", "shared"]
 
 
 class ErrorType(StrEnum):

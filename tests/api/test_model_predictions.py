@@ -332,3 +332,31 @@ def test_the_predictor_service_answers_an_api_without_torch_children(database_ur
     finally:
         service.terminate()
         service.wait(30)
+
+
+def _lanes_ready(http: httpx.Client) -> float:
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith("vramlab_predictor_lanes_ready "):
+            return float(line.split()[1])
+    raise AssertionError("no vramlab_predictor_lanes_ready gauge")
+
+
+@pytest.mark.slow
+def test_the_predictor_starts_with_the_api_when_asked(database_url: str) -> None:
+    """`VRAMLAB_MODEL_PREDICTOR_START` (on under `vramlab up`): the children import torch
+    and transformers before the first model question, not during it; off, none starts
+    until a model spec arrives."""
+    pytest.importorskip("transformers")
+    settings = make_settings(database_url, model_predictor_children=1)
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=300) as http:
+        time.sleep(1)
+        assert _lanes_ready(http) == 0
+    settings = make_settings(database_url, model_predictor_children=1, model_predictor_start=True)
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=300) as http:
+        deadline = time.monotonic() + 240
+        while _lanes_ready(http) < 1:
+            assert time.monotonic() < deadline, "the predictor's child never started"
+            time.sleep(0.5)
+        answer = http.post("/v1/experiments", json=model_spec(2, n_layer=2))
+        assert answer.status_code == 202, answer.text
+        assert answer.json()["prediction"]["peak_allocated"] > 0

@@ -39,7 +39,8 @@ def test_gpus_lists_the_cards_teams_use_with_usable_memory(client: httpx.Client)
         assert card["source"]
         assert card["bf16"] == card["flash_attention"] == (card["compute_capability"] >= "8.0")
     assert cards["H100 SXM 80GB"]["usable_source"] == "measured"
-    assert cards["H200 141GB"]["usable_source"] == "placeholder"
+    assert cards["H200 141GB"]["usable_source"] == "measured"
+    assert cards["H100 PCIe 80GB"]["usable_source"] == "placeholder"
     assert cards["H100 SXM 80GB"]["cublas_workspace_bytes"] == 32 * MiB
     assert cards["T4 16GB"]["bf16"] is False
     assert cards["RTX 4090 24GB"]["compute_capability"] == "8.9"

@@ -54,6 +54,11 @@ def events_of(outcome: Outcome) -> list[dict[str, Any]]:
     return events
 
 
+def test_a_gpu_runner_keeps_two_spares_by_default(warm: Runner) -> None:
+    assert warm.spare_count == 2
+    assert len(warm.spares("cuda:0")) == 2
+
+
 def test_add_in_a_spare_is_exactly_the_prediction(warm: Runner, make_spec: SpecFactory) -> None:
     spec = make_spec("add", [1000, 1000], device="cuda:0")
     result = succeeded(warm.run(spec, work_dir=None), "warm_spare")

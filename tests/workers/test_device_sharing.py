@@ -11,7 +11,7 @@ import pytest
 from tests.workers.conftest import CheckedRunner, SpecFactory
 from workers import runner as runner_module
 from workers.endings import Outcome
-from workers.runner import concurrency_for
+from workers.runner import concurrency_for, spares_for
 
 
 def _succeeded(outcome: Outcome) -> dict[str, Any]:
@@ -24,6 +24,13 @@ def test_the_default_concurrency_follows_the_device() -> None:
     assert concurrency_for(["cpu", "cuda"]) == 4
     assert concurrency_for(["cpu"], cpus=2) == 1
     assert concurrency_for(["cpu"], cpus=1) == 1
+
+
+def test_the_default_spares_follow_the_device() -> None:
+    # Two on a GPU: one spare's CUDA context is not made again by the next claim.
+    assert spares_for(["cpu", "cuda"]) == 2
+    assert spares_for(["cpu"]) == 1
+    assert spares_for(["cpu"], concurrency=3) == 3  # a concurrency given, where more
 
 
 def test_shared_experiments_run_together_and_others_alone(

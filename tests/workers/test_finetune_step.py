@@ -89,3 +89,39 @@ def test_a_config_json_builds_the_model_it_describes(runner: Runner) -> None:
     assert inline["model"]["peak_allocated"] == preset["model"]["peak_allocated"]
     assert inline["model"]["parameter_count"] == preset["model"]["parameter_count"]
     assert close(predicted, inline["model"]["peak_allocated"])
+
+
+def test_a_cuda_prediction_keeps_a_one_byte_mask_per_dropout() -> None:
+    """CUDA runs a training dropout as ATen's fused kernel, which keeps a bool mask for the
+    backward; the CPU keeps its noise in the input's dtype (four bytes an element in
+    float32). The CUDA prediction traced on CPU fake tensors holds CUDA's masks."""
+    from workers.models.predict import predict
+
+    def activations(dropout: float) -> int:
+        params = build_spec("model", [], {**GPT2, "dropout": dropout}, device="cuda")["params"]
+        return int(predict(params, "cuda")["categories"]["activations"])
+
+    # tiny-gpt2: the embeddings' dropout and two per block (after attention, after the
+    # MLP), each over batch x seq x width; attention's own dropout is inside its kernel.
+    masks = (1 + 2 * 2) * (4 * 32 * 64)
+    assert activations(0.1) - activations(0.0) == masks
+
+
+def test_a_deep_t5_with_short_targets_is_extended_as_traced_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """T5-base, 8 x 512, 64-token targets, predicted for CUDA: at two and three blocks its
+    backward peaks late (the decoder's gradients made, the encoder's activations still
+    held), a moment that grows less per block than the backward's start (every activation
+    held), which is the peak at twelve. Each phase's start is extended on its own line too,
+    so the shallow extension equals the whole trace."""
+    from workers.models import cost
+    from workers.models.predict import predict
+
+    spec = {"model": "t5-base", "batch_size": 8, "seq_len": 512, "target_len": 64}
+    params = build_spec("model", [], spec, device="cuda")["params"]
+    extended = predict(params, "cuda")
+    monkeypatch.setattr(cost, "DEEP_ENOUGH", 10**6)  # 24 blocks: traced whole
+    whole = predict(params, "cuda")
+    assert (extended["phase"], whole["phase"]) == ("backward", "backward")
+    assert extended["peak_allocated"] == whole["peak_allocated"]

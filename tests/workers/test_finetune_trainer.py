@@ -66,3 +66,28 @@ def test_trainer_fields_it_does_not_know_are_refused() -> None:
         with pytest.raises(CatalogError) as caught:
             build_spec("model", [], {"model": "tiny-gpt2", "trainer": trainer})
         assert caught.value.field == field
+
+
+def test_a_trainer_step_keeps_no_kv_cache_and_is_predicted_so(runner: Runner) -> None:
+    """Trainer sets ``model.config.use_cache`` to TrainingArguments' ``use_cache`` (False):
+    its forward makes no KV cache, where a plain loop over the config's default keeps one
+    (the keys' and values' copies, held for the backward). Without a cache transformers
+    looks for packed sequences in the position ids, which fake tensors cannot answer: the
+    prediction must not build the mask that real tensors skip."""
+    from workers.models.predict import predict
+
+    shape = {"model": "tiny-gpt2", "seq_len": 64, "dropout": 0.0}  # SDPA's kernel on the CPU
+    trainer = {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2, "bf16": True}
+    knobs = {"batch_size": 4, "micro_batches": 2, "precision": "bf16-autocast"}
+    plain, _ = measured_and_predicted(
+        runner, **shape, **knobs, optimizer="adamw", optimizer_impl="fused", max_grad_norm=1.0
+    )
+    result, _ = measured_and_predicted(runner, **shape, trainer=trainer)
+    # tiny-gpt2: 2 blocks, 64 wide; a micro-batch of 2 x 64 tokens; keys and values in bf16
+    cache = 2 * 2 * (2 * 64 * 64) * 2
+    assert plain["model"]["peak_allocated"] - result["model"]["peak_allocated"] == cache
+    assert plain["categories"]["activations"] - result["categories"]["activations"] == cache
+    params = build_spec("model", [], {**shape, "trainer": trainer})["params"]
+    predicted = predict(params, "cpu")
+    assert predicted["categories"]["activations"] == result["categories"]["activations"]
+    assert close(predicted["peak_allocated"], result["model"]["peak_allocated"], 0.001)

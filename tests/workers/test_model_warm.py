@@ -1,6 +1,7 @@
 """Warm model children: a model's trial handed to a child that imported transformers
 before it arrived measures what a trial in a cold child measures, byte for byte; each
-warm child runs one trial and is replaced."""
+warm child runs one trial and is replaced, and the first is ready when the worker starts
+(``capabilities``), so the first trial is warm too."""
 
 import json
 import time
@@ -9,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import cuda_available
 from tests.workers.conftest import CheckedRunner, build_spec
 from workers.endings import Outcome
 from workers.runner import Runner
@@ -18,18 +20,29 @@ pytest.importorskip("transformers")
 TINY = {"model": "tiny-llama", "batch_size": 2, "seq_len": 16}
 
 
-def _spec() -> dict[str, Any]:
-    return build_spec("model", [], dict(TINY), warmup=0, repeat=1, timeout_s=300.0)
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda:0",
+        marks=[pytest.mark.cuda, pytest.mark.skipif(not cuda_available(), reason="needs a GPU")],
+    ),
+]
+
+
+def _spec(device: str = "cpu") -> dict[str, Any]:
+    return build_spec("model", [], dict(TINY), device=device, warmup=0, repeat=1, timeout_s=300.0)
 
 
 def _bytes_only(value: Any) -> Any:
-    """The figures that count bytes and steps: clocks and the host's RSS (which the
-    process around the trial moves) left out."""
+    """The figures that count bytes and steps: clocks, the host's RSS (which the process
+    around the trial moves) and the GPU's used memory (every process's, the spares'
+    contexts included) left out."""
     if isinstance(value, dict):
         return {
             k: _bytes_only(v)
             for k, v in value.items()
-            if not (k.startswith("host_rss") or k in ("wall_s", "time_per_step_s"))
+            if not k.startswith(("host_rss", "device_used"))
+            and k not in ("wall_s", "time_per_step_s")
             and not k.endswith("_per_s")
         }
     if isinstance(value, list):
@@ -44,35 +57,47 @@ def _figures(outcome: Outcome) -> bytes:
     return json.dumps(_bytes_only(figures), sort_keys=True).encode()
 
 
-def _model_child(runner: Runner) -> int | None:
+def _model_child(runner: Runner, device: str) -> int | None:
     deadline = time.monotonic() + 120  # a bound on a hang, not a timing threshold
-    while not runner.spares("cpu+models"):
+    while not runner.spares(f"{device}+models"):
         assert time.monotonic() < deadline, "no warm model child was made"
         time.sleep(0.05)
-    return runner.spares("cpu+models")[0].pid
+    return runner.spares(f"{device}+models")[0].pid
 
 
-def test_a_warm_trial_measures_what_a_cold_one_does(tmp_path: Path) -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_warm_trial_measures_what_a_cold_one_does(device: str, tmp_path: Path) -> None:
     cold = CheckedRunner(warm=False)
     try:
-        cold_outcome = cold.run(_spec(), work_dir=tmp_path)
+        cold_outcome = cold.run(_spec(device), work_dir=tmp_path)
     finally:
         cold.close()
     warm = CheckedRunner()
     try:
-        warm.capabilities()
-        first = warm.run(_spec(), work_dir=tmp_path)  # a plain spare: no model child yet
-        ready = _model_child(warm)  # made after the first trial, transformers imported
-        second = warm.run(_spec(), work_dir=tmp_path)
-        replacement = _model_child(warm)
-        third = warm.run(_spec(), work_dir=tmp_path)
+        warm.capabilities()  # as a worker starts, before it registers
+        # The first model child is warm already: the first trial needs no other.
+        ready = [p.pid for p in warm.spares(f"{device}+models")]
+        assert len(ready) == 1
+        first = warm.run(_spec(device), work_dir=tmp_path)
+        # Made while the trial ran (a GPU) or after it (the CPU), transformers imported.
+        replacement = _model_child(warm, device)
+        second = warm.run(_spec(device), work_dir=tmp_path)
     finally:
         warm.close()
     assert cold_outcome.result is not None
     assert cold_outcome.result["environment"]["child_start"] == "forked"
-    for outcome in (first, second, third):
+    for outcome in (first, second):
         assert outcome.result is not None
-        assert outcome.result["environment"]["child_start"] == "warm_spare"
+        assert outcome.result["environment"]["child_start"] == "warm_model"
         assert _figures(outcome) == _figures(cold_outcome)
-    assert (second.pid, third.pid) == (ready, replacement)  # each ran in a model child
-    assert len({first.pid, second.pid, third.pid}) == 3  # one trial a child
+    assert [first.pid, second.pid] == [*ready, replacement]  # each ran in a model child
+    assert first.pid != second.pid  # one trial a child
+
+
+def test_a_runner_without_spares_makes_no_model_child() -> None:
+    runner = CheckedRunner(warm=False)
+    try:
+        runner.capabilities()
+        assert runner.spares("cpu+models") == []
+    finally:
+        runner.close()

@@ -194,6 +194,9 @@ def build(
         with torch.device(device):
             model = finetune.apply_lora(model, tune.lora, fake=not initialize)
         model.train(task == "train")
+    if tune.trainer_use_cache is not None and getattr(model, "config", None) is not None:
+        # What Trainer does to the model it is given (its constructor's last step).
+        model.config.use_cache = tune.trainer_use_cache
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, trainable, fake=not initialize) if task == "train" else None
     autocast_dtype = AUTOCAST_DTYPES.get(precision)

@@ -1,8 +1,8 @@
 """CUDA's choices, made on the CPU's fake tensors, so a prediction without a GPU holds
 what a GPU would hold.
 
-The predictor traces a step on fake CPU tensors. Two things CUDA does differently change
-the bytes a step holds, and both are decided above the kernels, where a function mode
+The predictor traces a step on fake CPU tensors. Three things CUDA does differently change
+the bytes a step holds, and each is decided above the kernels, where a function mode
 can make the CUDA choice instead:
 
 - Attention. ``scaled_dot_product_attention`` on CUDA runs FlashAttention (half
@@ -10,6 +10,9 @@ can make the CUDA choice instead:
   only the output and a log-sum-exp for the backward; the CPU falls back to the math
   path, which keeps the whole attention matrix. Here the call goes to the CUDA kernel's
   own op (its shapes are known without a device).
+- Dropout. CUDA runs a training dropout as one fused kernel that keeps a one-byte mask
+  for the backward; the CPU keeps its noise, a mask of the input's dtype. Here the call
+  goes to the fused op.
 - Autocast. CUDA's autocast casts matmuls and convolutions to the low precision and runs
   norms, softmax, losses and reductions in float32; the CPU's lists differ. Here the
   CUDA lists are applied to the calls, with autocast's cache of cast weights (alive to
@@ -157,6 +160,8 @@ class CudaSemantics(TorchFunctionMode):
                 args, kwargs = self._promote(args, kwargs)
         if name == "scaled_dot_product_attention":
             return attention(*args, **kwargs)
+        if name == "dropout":
+            return dropout(func, *args, **kwargs)
         return func(*args, **kwargs)
 
     def _cast(
@@ -210,6 +215,20 @@ def _in_fp32(func: Any, args: Any, kwargs: dict[str, Any]) -> Any:
     ):
         kwargs = {**kwargs, "dtype": torch.float32}
     return func(*args, **kwargs)
+
+
+def dropout(func: Any, input: torch.Tensor, p: float = 0.5, *args: Any, **kwargs: Any) -> Any:
+    """A dropout as CUDA runs it: ATen's fused kernel (``native_dropout``), which keeps a
+    one-byte mask for the backward; the CPU's keeps a mask of the input's own dtype (its
+    noise, four bytes an element in float32). ``F.dropout(input, p, training, inplace)``
+    and ``torch.dropout(input, p, train)``; in-place and the cases ATen does not fuse (not
+    training, p of 0 or 1, an empty input) run as they are."""
+    training = args[0] if args else kwargs.get("training", kwargs.get("train", True))
+    inplace = args[1] if len(args) > 1 else kwargs.get("inplace", False)
+    fused = isinstance(input, torch.Tensor) and input.numel() > 0 and 0 < p < 1
+    if not training or inplace or not fused:
+        return func(input, p, *args, **kwargs)
+    return torch.native_dropout(input, p, True)[0]
 
 
 def _cross_entropy(

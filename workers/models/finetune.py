@@ -71,6 +71,9 @@ class FineTune:
     loss: str = "default"
     max_grad_norm: float | None = None
     config_json: Mapping[str, Any] | None = None
+    # Trainer's step (``trainer`` given): its ``use_cache`` (TrainingArguments' default is
+    # False: Trainer sets ``model.config.use_cache`` to it, so its forward keeps no KV cache).
+    trainer_use_cache: bool | None = None
 
     @classmethod
     def of(cls, params: ModelParams) -> FineTune:
@@ -85,7 +88,14 @@ class FineTune:
             loss=params.loss,
             max_grad_norm=params.max_grad_norm,
             config_json=params.config_json,
+            trainer_use_cache=(
+                None if params.trainer is None else bool(params.trainer.get("use_cache", False))
+            ),
         )
+
+    @property
+    def trainer(self) -> bool:
+        return self.trainer_use_cache is not None
 
 
 def dropout_overrides(config: Any, p: float) -> dict[str, float]:

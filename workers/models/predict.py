@@ -32,6 +32,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
+from unittest import mock
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
@@ -52,7 +53,7 @@ from workers.models.alloc_log import (
 from workers.models.build import Built, build
 from workers.models.caching_allocator import CachingAllocator, Settings, replay
 from workers.models.cuda_semantics import CudaSemantics
-from workers.models.steps import run_step, tally_step
+from workers.models.steps import START, run_step, tally_step
 from workers.models.tally import BLOCK, rounded
 
 MiB = 2**20
@@ -250,8 +251,11 @@ def trace(
         logged = settings is not None and params.task != "generate"
         phases, events = _phases(params, cuda, logged)
     counts = phases.pop(COUNTS, {})
-    phase = max(phases, key=lambda name: sum(phases[name].values()))
-    categories = {str(k): v for k, v in phases[phase].items()}
+    # Each phase's peak and its start, each extended on its own line: at a shallow depth a
+    # phase can peak at a moment that grows less per block than its start does.
+    moment = max(phases, key=lambda name: sum(phases[name].values()))
+    categories = {str(k): v for k, v in phases[moment].items()}
+    phase = moment.removesuffix(START)
     caveats = list(CAVEATS) if cuda else [CPU_CAVEAT]
     extended = events if isinstance(events, tuple) else None
     if extended is not None:
@@ -390,7 +394,7 @@ def _trace(
     params = ModelParams.of(params)
     semantics = CudaSemantics() if cuda else None
     log = AllocationLog(workspace=CUBLAS_WORKSPACE if cuda else 0) if logged else None
-    with FakeTensorMode(allow_non_fake_inputs=True):
+    with FakeTensorMode(allow_non_fake_inputs=True), _unpacked():
         with contextlib.ExitStack() as logging:
             if log is not None:
                 logging.enter_context(log)
@@ -440,6 +444,26 @@ def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
             total += n
             trainable += n if p.requires_grad else 0
     return {"parameters": total, "trainable": trainable}
+
+
+@contextlib.contextmanager
+def _unpacked() -> Iterator[None]:
+    """transformers' look for packed sequences, answered as real tensors answer it here.
+    Without a KV cache or an attention mask (a training forward under Trainer, which turns
+    the cache off), transformers reads the position ids to find several sequences packed in
+    a row; on fake tensors it cannot read them and assumes packing, so it builds a whole
+    batch x seq x seq mask and hands it to SDPA (another kernel, the mask held for the
+    backward). The worker's inputs hold one sequence per row: no packing, no mask."""
+    try:
+        from transformers import masking_utils
+    except ImportError:
+        yield
+        return
+    if not hasattr(masking_utils, "find_packed_sequence_indices"):
+        yield
+        return
+    with mock.patch.object(masking_utils, "find_packed_sequence_indices", lambda ids: None):
+        yield
 
 
 # What fake tensors cannot do that real ones can (a value read while building): the model

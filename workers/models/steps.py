@@ -9,7 +9,7 @@ code runs in all three, so what is predicted is what is measured.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -20,6 +20,9 @@ from workers.models.build import Built
 from workers.models.tally import OTHER, Peak, Tally
 
 Phase = Callable[[str], AbstractContextManager[Any]]
+# A phase's start in ``Peak.phases`` (``backward@start``): a moment the predictor extends
+# beside each phase's peak (workers/models/predict.py).
+START = "@start"
 
 
 @contextmanager
@@ -60,8 +63,13 @@ def train_step(built: Built, phase: Phase) -> None:
     chunks = {k: v.chunk(parts) for k, v in built.inputs.items()}
     for i in range(parts):
         batch = {k: v[i] for k, v in chunks.items()}
-        with phase("forward"), built.autocast():
-            loss = built.model(**batch).loss
+        with phase("forward"):
+            with built.autocast():
+                out = built.model(**batch)
+            if built.tune.trainer and built.autocast_dtype is not None:
+                out = in_float32(out)
+            loss = out.loss
+            del out
             if parts > 1:
                 loss = loss / parts
         with phase("backward"):
@@ -80,6 +88,20 @@ def train_step(built: Built, phase: Phase) -> None:
             built.scaler.update()
         else:
             built.optimizer.step()
+
+
+def in_float32(out: Any) -> Any:
+    """The forward's half-precision outputs as float32 copies (the logits): Trainer's
+    bf16/fp16 runs the model through accelerate, whose ``convert_outputs_to_fp32`` wraps
+    the autocast forward so; the copies live until the loss is taken from them."""
+    if isinstance(out, torch.Tensor):
+        return out.float() if out.dtype in (torch.float16, torch.bfloat16) else out
+    if isinstance(out, Mapping):
+        kind: Any = type(out)  # a ModelOutput, a dict: each takes a mapping
+        return kind({k: in_float32(v) for k, v in out.items()})
+    if isinstance(out, tuple | list):
+        return type(out)(in_float32(v) for v in out)
+    return out
 
 
 def generate(built: Built, phase: Phase) -> None:
@@ -189,4 +211,7 @@ def tally_step(
         for name in tally.phase_peaks
         if name != OTHER
     }
+    for name in tally.phase_starts:
+        if name != OTHER:
+            peak.phases[name + START] = tally.categorize(*state, phase=name, start=True).categories
     return peak

@@ -30,6 +30,9 @@ from vramlab.contract import Category
 
 BLOCK = 512  # the CUDA caching allocator rounds every block up to a multiple of this
 
+# A phase's start ends once it has ended more than this fraction (1/64) of what was live
+# when it began (a backward's first frees are the loss's few saved tensors).
+START_GIVEN = 64
 FORWARD, BACKWARD, OPTIMIZER, OTHER = "forward", "backward", "optimizer", "other"
 # The phases whose outputs are activations: a forward, a generation's prefill and decode
 # (there the KV cache is the activations that stay).
@@ -93,6 +96,25 @@ class Tally(PhasedMode):
         self.peak_phase = OTHER
         self.seq = 0
         self.phase_peaks: dict[str, tuple[int, int]] = {}  # each phase's own (bytes, seq)
+        # Each phase's own peak over its start: from its first op while what was made
+        # before it is still nearly all alive (less than 1/START_GIVEN of the bytes live
+        # at its entry ended; the largest over its runs). A backward's start holds every
+        # saved activation, a moment that grows with the model's depth as much as any.
+        self.phase_starts: dict[str, tuple[int, int]] = {}
+        self._starting = False
+        self._entered_at = 0
+        self._given = 0  # bytes made before the phase and ended in it
+        self._given_limit = 0
+
+    @contextmanager
+    def during(self, phase: str) -> Iterator[None]:
+        self._starting, self._entered_at = True, self.seq
+        self._given, self._given_limit = 0, self.live // START_GIVEN
+        try:
+            with super().during(phase):
+                yield
+        finally:
+            self._starting = False
 
     # -- what the step does --------------------------------------------------------------
 
@@ -133,9 +155,10 @@ class Tally(PhasedMode):
         gradients: Iterable[torch.Tensor],
         optimizer_state: Iterable[torch.Tensor],
         phase: str | None = None,
+        start: bool = False,
     ) -> Peak:
-        """What was alive at the peak (or at ``phase``'s own peak), by category
-        (identities read after the step)."""
+        """What was alive at the peak (or at ``phase``'s own peak, or with ``start`` at its
+        start), by category (identities read after the step)."""
         by_identity: dict[int, str] = {}
         for category, tensors in (
             (Category.OPTIMIZER_STATE, optimizer_state),
@@ -147,7 +170,10 @@ class Tally(PhasedMode):
                 if key is not None:
                     by_identity[key] = str(category)
         totals = {str(c): 0 for c in Category if c != Category.UNKNOWN}
-        peak, at_peak = (self.peak, self.peak_seq) if phase is None else self.phase_peaks[phase]
+        if phase is None:
+            peak, at_peak = self.peak, self.peak_seq
+        else:
+            peak, at_peak = (self.phase_starts if start else self.phase_peaks)[phase]
         for key, life in self._lives.items():
             if life.born <= at_peak:
                 totals[self._category(by_identity.get(key), life)] += life.size
@@ -202,12 +228,18 @@ class Tally(PhasedMode):
         """The life of the storage at ``key`` ends here (if it is live)."""
         life = self._lives.pop(key, None)
         if life is not None:
+            if life.born <= self._entered_at:  # made before this phase
+                self._given += life.size
+                if self._given > self._given_limit:  # its start is over
+                    self._starting = False
             self.seq += 1
             life.died = self.seq
             self._ended.append(life)
             self.live -= life.size
 
     def _maybe_peak(self) -> None:
+        if self._starting and self.live > self.phase_starts.get(self.phase, (-1, 0))[0]:
+            self.phase_starts[self.phase] = (self.live, self.seq)
         if self.live > self.phase_peaks.get(self.phase, (-1, 0))[0]:
             self.phase_peaks[self.phase] = (self.live, self.seq)
             if self.live > self.peak:
