@@ -38,9 +38,8 @@ OPTIMIZER_8BIT_COST = (
     "quarter of their 32-bit bytes"
 )
 FSDP_COST = (
-    "{n} GPUs, each at this batch ({n} times the samples a step); each block's parameters "
-    "gathered before its forward and backward and its gradients reduce-scattered: slower "
-    "where the GPUs are linked by PCIe rather than NVLink"
+    "{n} times the samples a step (each GPU at this batch); every block gathered and its "
+    "gradients reduce-scattered: slower over PCIe than NVLink"
 )
 FSDP_NOTE = (
     "per rank, each of {n}; its reserved is the allocated peak rounded up to 2 MiB "

@@ -64,6 +64,9 @@ def show(plan: dict[str, Any]) -> None:
         show_ways(card)
     for caveat in plan["caveats"][:1]:
         print(f"\n{caveat}")
+    for caveat in plan["caveats"][1:]:
+        if caveat.startswith("not ranked: "):  # a way the predictor refused
+            print(caveat)
 
 
 def count(n: int | None) -> str:
