@@ -83,6 +83,10 @@ class ModelPrediction:
     # ints, int64 bytes), and cards' edges from the logs of a few values (one each).
     log: bytes | None = None
     edges: tuple[dict[str, int | None], ...] | None = None
+    # The model's parameters and those its optimizer trains (LoRA: its adapters), at its
+    # full depth; None from a predictor that does not count them.
+    parameter_count: int | None = None
+    trainable_parameter_count: int | None = None
 
     def log_ints(self) -> list[int] | None:
         return None if self.log is None else array("q", self.log).tolist()
@@ -403,7 +407,13 @@ def _outcome(answer: Mapping[str, Any]) -> ModelPrediction | CatalogError:
         caveats=tuple(answer.get("caveats", ())),
         seconds=float(answer.get("seconds", 0.0)),
         log=None if answer.get("log") is None else array("q", answer["log"]).tobytes(),
+        parameter_count=_count(answer.get("parameter_count")),
+        trainable_parameter_count=_count(answer.get("trainable_parameter_count")),
     )
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def make(settings: Settings) -> Predictor | None:

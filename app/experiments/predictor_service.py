@@ -95,6 +95,8 @@ def create_app(settings: "Settings") -> "FastAPI":
                 "peak_allocated": answer.peak_allocated,
                 "peak_reserved": answer.peak_reserved,
                 "categories": answer.categories,
+                "parameter_count": answer.parameter_count,
+                "trainable_parameter_count": answer.trainable_parameter_count,
                 "caveats": list(answer.caveats),
                 "seconds": answer.seconds,
                 **({} if answer.log is None else {"log": answer.log_ints()}),

@@ -61,6 +61,26 @@ def plan_command(raw: dict[str, Any], gpu: str) -> str:
     return " ".join([*words, f'--gpu "{gpu}"'])
 
 
+def _across_gpus(raw: dict[str, Any], body: FitIn, gpu: str | None) -> None:
+    """A fit measures each value under an emulated card (``capacity_bytes``), which a run
+    across GPUs cannot take yet (every rank is its own process): refused with the plan
+    that predicts it now, the fewest GPUs that fit and the largest batch per GPU."""
+    where = [("spec.params.distributed", raw["params"])] + [
+        (f"variants[{i}].distributed", v) for i, v in enumerate(body.variants)
+    ]
+    for field, params in where:
+        if params.get("distributed") is not None:
+            command = plan_command(raw, gpu or "H100")
+            raise InvalidSpec(
+                field,
+                "a fit measures each value on an emulated card (capacity_bytes), which a "
+                "run across GPUs cannot take yet (each rank is its own process): no fit "
+                "searches the GPUs or the batch per GPU. A plan predicts both now, with no "
+                f"worker: {command} ranks FSDP2 on the fewest of 2, 4 or 8 GPUs that fit, "
+                "and POST /v1/plans with this spec predicts its largest batch per GPU",
+            )
+
+
 def plan(
     body: FitIn, session: Session, settings: Settings, default_device: str, now: datetime
 ) -> Fit:
@@ -88,6 +108,7 @@ def plan(
             "counters do not see and a capacity cannot bound: fit searches refuse it",
         )
     gpu = body.requirements.gpu_name
+    _across_gpus(raw, body, gpu)
     on_cpu = str(raw["device"]).startswith("cpu")
     if gpu is not None:
         if on_cpu:

@@ -55,7 +55,8 @@ class PlanIn(RequestBody):
     )
     suggest: bool = Field(
         default=True,
-        description="where the first variant does not fit a GPU, what would make it fit",
+        description="where the first variant does not fit a GPU, what would make it fit; "
+        "for a training step, the ways to fine-tune ranked for each GPU (ways)",
     )
     verify: bool = Field(
         default=True,
@@ -78,12 +79,24 @@ class PlanVariant(BaseModel):
     overrides: dict[str, Any]
     label: str
     value: int = Field(description="the value of vary that this answer's prediction is for")
+    gpus: int = Field(
+        default=1,
+        description="the GPUs the step takes (distributed.gpus, else 1); a distributed "
+        "step's figures are per rank, its batch_size per GPU",
+    )
 
 
 class PlanPrediction(BaseModel):
     peak_allocated: int
     peak_reserved: int
     categories: dict[str, int]
+    parameters: int | None = Field(
+        default=None,
+        description="the model's parameters (a quantized weight as the elements it stands for)",
+    )
+    trainable_parameters: int | None = Field(
+        default=None, description="those its optimizer trains (LoRA: its adapters)"
+    )
 
 
 class PlanAnswer(BaseModel):
@@ -111,6 +124,41 @@ class Suggestion(BaseModel):
     bytes_saved: int = Field(description="against the first variant's predicted peak reserved")
     makes_fit: list[str] = Field(description="GPUs it does not fit today that it would fit")
     time_cost: str | None = Field(description="what it costs in time, where known")
+    trainable_parameters: int | None = Field(
+        default=None, description="what the changed step trains (predicted)"
+    )
+
+
+class Way(BaseModel):
+    """One way to fine-tune on a card, predicted at the first variant's value."""
+
+    rank: int = Field(description="1 is the best way for this card (see ways)")
+    label: str
+    change: dict[str, Any] = Field(
+        description="param overrides on the first variant ({}: as given)"
+    )
+    gpus: int = Field(description="the GPUs it takes; a distributed way's figures are per rank")
+    peak_allocated: int
+    peak_reserved: int
+    fits: bool | None = Field(description="peak reserved (per rank) <= the card's usable bytes")
+    headroom_bytes: int
+    parameters: int | None = Field(description="the model's parameters")
+    trainable_parameters: int | None = Field(description="those this way trains")
+    departs: int = Field(
+        description="how far it departs from training the spec as given: 0 none, 1 8-bit "
+        "optimizer state, 2 a 4-bit base"
+    )
+    time_cost: str | None = Field(description="what it costs in time, where known")
+    note: str | None = None
+
+
+class CardWays(BaseModel):
+    gpu: str
+    usable_bytes: int
+    ways: list[Way] = Field(
+        description="ranked: fits first, then fewer GPUs, more trainable parameters, less "
+        "departure from the spec as given, lower peak reserved"
+    )
 
 
 class PlanOut(BaseModel):
@@ -123,6 +171,12 @@ class PlanOut(BaseModel):
     params: dict[str, Any] = Field(description="the first variant's params as checked")
     answers: list[PlanAnswer]
     suggestions: list[Suggestion]
+    ways: list[CardWays] = Field(
+        default_factory=list,
+        description="for a training step (with suggest), per card the ways to fine-tune "
+        "ranked: as given, 8-bit AdamW, LoRA, QLoRA, FSDP2 on the fewest of 2, 4 or 8 GPUs "
+        "that fit",
+    )
     caveats: list[str]
     predictions: int = Field(
         description="how many steps this plan asked the predictor for (each traced, or "

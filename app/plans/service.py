@@ -34,8 +34,10 @@ from app.fits.search import Outcome
 from app.gpus import service as gpus
 from app.gpus.cards import Card
 from app.plans import suggestions as suggest
+from app.plans import ways as fine_tune_ways
 from app.plans.schemas import (
     MAX_ANSWERS,
+    CardWays,
     PlanAnswer,
     PlanGpu,
     PlanIn,
@@ -94,7 +96,9 @@ class Tracer:
         self._done: dict[str, ModelPrediction] = {}
         self.asked = 0
 
-    def many(self, batch: list[dict[str, Any]]) -> list[ModelPrediction]:
+    def many(self, batch: list[dict[str, Any]], soft: bool = False) -> list[ModelPrediction]:
+        """Each params' prediction (a refusal: InvalidSpec; with ``soft``, a prediction
+        with no figures whose caveat says why, for what a plan only offers)."""
         keys = [json.dumps(p, sort_keys=True) for p in batch]
         todo = {k: p for k, p in zip(keys, batch, strict=True) if k not in self._done}
         if todo:
@@ -105,13 +109,22 @@ class Tracer:
                     retry_after=5,
                 )
             with ThreadPoolExecutor(max_workers=min(PARALLEL, len(todo))) as pool:
-                answers = list(pool.map(self._one, todo.values()))
+                answers = list(pool.map(self._soft if soft else self._one, todo.values()))
             self._done.update(zip(todo, answers, strict=True))
             self.asked += sum(1 for p in todo.values() if "__edges" not in p)  # traces
         return [self._done[k] for k in keys]
 
     def one(self, params: dict[str, Any]) -> ModelPrediction:
         return self.many([params])[0]
+
+    def soft(self, batch: list[dict[str, Any]]) -> list[ModelPrediction]:
+        return self.many(batch, soft=True)
+
+    def _soft(self, params: dict[str, Any]) -> ModelPrediction:
+        try:
+            return self._predict(params)
+        except CatalogError as exc:
+            return ModelPrediction(None, None, None, (exc.message,))
 
     def _one(self, params: dict[str, Any]) -> ModelPrediction:
         try:
@@ -150,6 +163,15 @@ def checked(params: Mapping[str, Any], field: str) -> dict[str, Any]:
         full, _ = plan_spec("model", (), params, "float32", "cuda:0")
     except CatalogError as exc:
         raise InvalidSpec(f"{field}.{exc.field.removeprefix('params.')}", exc.message) from None
+    return full
+
+
+def normalized(params: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The params as the catalog fills them in, or None where it refuses them."""
+    try:
+        full, _ = plan_spec("model", (), params, "float32", "cuda:0")
+    except CatalogError:
+        return None
     return full
 
 
@@ -351,6 +373,17 @@ def _label(overrides: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in overrides.items()) or "as given"
 
 
+def _variant(v: Variant) -> PlanVariant:
+    dist = v.params.get("distributed") or {}
+    return PlanVariant(
+        index=v.index,
+        overrides=v.overrides,
+        label=_label(v.overrides),
+        value=v.value,
+        gpus=int(dist.get("gpus") or 1),
+    )
+
+
 def plan(
     body: PlanIn, live: tuple[Card, ...], predict: Predict | None, clock: Callable[[], float]
 ) -> PlanOut:
@@ -372,9 +405,7 @@ def plan(
         blank = [
             PlanAnswer(
                 gpu=c.out(),
-                variant=PlanVariant(
-                    index=v.index, overrides=v.overrides, label=_label(v.overrides), value=v.value
-                ),
+                variant=_variant(v),
                 prediction=None,
                 fits=None,
                 headroom_bytes=None,
@@ -425,11 +456,12 @@ def plan(
             found = synthesized.get((v.index, i))
             answers.append(_answer(body, tracer, v, c, first, fn, seeds, found))
     suggestions = []
+    ways: list[CardWays] = []
     if body.suggest:
         short = [a.gpu.name for a in answers if a.variant.index == 0 and a.fits is False]
         if short:
             suggestions = suggest.ranked(
-                tracer.many,
+                tracer.soft,
                 allowed,
                 vs[0].params,
                 body.vary,
@@ -438,6 +470,15 @@ def plan(
                 cards,
                 short,
             )
+        ways, unranked = fine_tune_ways.ranked(
+            tracer.soft,
+            normalized,
+            vs[0].params,
+            groups[0][0],
+            [a for a in answers if a.variant.index == 0],
+            cards,
+        )
+        caveats += unranked
     return PlanOut(
         model=model,
         vary=body.vary,
@@ -445,6 +486,7 @@ def plan(
         params=vs[0].params,
         answers=answers,
         suggestions=suggestions,
+        ways=ways,
         caveats=caveats,
         predictions=tracer.asked,
         seconds=round(clock() - started, 3),
@@ -493,9 +535,7 @@ def _answer(
     seeds: list[tuple[int, int]],
     found: dict[str, int | None] | None = None,
 ) -> PlanAnswer:
-    variant = PlanVariant(
-        index=v.index, overrides=v.overrides, label=_label(v.overrides), value=v.value
-    )
+    variant = _variant(v)
     if first.peak_allocated is None or first.peak_reserved is None:
         return PlanAnswer(
             gpu=c.out(),
@@ -510,6 +550,8 @@ def _answer(
         peak_allocated=first.peak_allocated,
         peak_reserved=first.peak_reserved,
         categories=dict(first.categories or {}),
+        parameters=first.parameter_count,
+        trainable_parameters=first.trainable_parameter_count,
     )
     usable = c.usable_bytes
     fits = first.peak_reserved <= usable

@@ -1,5 +1,7 @@
 """What would make a step fit: changes to the first variant, each traced at its value and
-ranked by the bytes it saves, with what it costs in time where that is known."""
+ranked by the bytes it saves, with what it costs in time where that is known. (The ways
+to fine-tune, LoRA, QLoRA, an 8-bit optimizer and FSDP across GPUs, are ranked for each
+card apart: app/plans/ways.py.)"""
 
 from __future__ import annotations
 
@@ -34,21 +36,6 @@ MICRO_COST = (
 )
 OPTIMIZER_COST = "about the same step time; it trains differently (factored second moments)"
 TOKENS_COST = "no time cost, but it changes what is trained: half the context"
-# peft's default dropout (0): masks on every adapted input cost more than LoRA saves
-LORA = {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"}
-NF4 = {"method": "nf4", "double_quant": True, "compute_dtype": "bf16"}  # what "qlora" means
-LORA_COST = (
-    "less compute a step (no gradients for the frozen base's weights); it trains small "
-    "adapters on every linear layer, not the whole model (peft)"
-)
-QLORA_COST = (
-    "slower a step: every matmul dequantizes the 4-bit base; trains the same adapters as "
-    "LoRA (bitsandbytes and peft on the worker)"
-)
-OPTIMIZER_8BIT_COST = (
-    "about the same step time; AdamW's two moments kept in 8 bits (bitsandbytes), a "
-    "quarter of their 32-bit bytes"
-)
 
 
 def candidates(
@@ -82,18 +69,6 @@ def candidates(
                 "Adafactor instead of AdamW",
                 {"optimizer": "adafactor", "optimizer_impl": "default"},
                 OPTIMIZER_COST,
-            )
-        )
-    full = train and not params.get("peft") and not params.get("quantization")
-    if full and params.get("optimizer") in ("adam", "adamw"):
-        out.append(("8-bit AdamW", {"optimizer": "adamw-8bit"}, OPTIMIZER_8BIT_COST))
-    if full:
-        out.append(("LoRA r=16 (fine-tune adapters only)", {"peft": LORA}, LORA_COST))
-        out.append(
-            (
-                "QLoRA: a 4-bit NF4 base with LoRA r=16",
-                {"quantization": NF4, "peft": LORA},
-                QLORA_COST,
             )
         )
     seq = params.get("seq_len")
@@ -142,6 +117,7 @@ def ranked(
                 bytes_saved=base.peak_reserved - answer.peak_reserved,
                 makes_fit=makes_fit,
                 time_cost=cost,
+                trainable_parameters=answer.trainable_parameter_count,
             )
         )
     return sorted(out, key=lambda s: -s.bytes_saved)

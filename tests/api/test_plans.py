@@ -125,25 +125,86 @@ def test_variants_and_suggestions_ranked_by_bytes_saved(client: httpx.Client) ->
         assert s["makes_fit"] in ([], ["16.0 MiB (capacity_bytes)"])
 
 
-def test_the_ways_people_fine_tune_are_ranked_among_the_ways_to_fit(
+def test_the_ways_to_fine_tune_are_ranked_for_each_card_with_what_they_train(
     client: httpx.Client,
 ) -> None:
-    # Each predicted: adapters only (LoRA), a 4-bit base beneath them (QLoRA: GPT-2's
-    # Conv1D layers quantized as transformers does), 8-bit optimizer state. (At the peak a
-    # 4-bit base's dequantized copies can cost about what its smaller weights save.)
+    # Each predicted at the spec's batch: the spec as given (a full fine-tune), 8-bit
+    # AdamW, LoRA (adapters only), QLoRA (a 4-bit base beneath them: GPT-2's Conv1D
+    # layers quantized as transformers does) and FSDP2 on the fewest of 2, 4 or 8 GPUs
+    # that fit, its figures per rank. At 2 x 64 tokens this 4-block GPT-2 reserves about
+    # 1.6 GiB as given, 1.1 GiB with 8-bit AdamW or per rank of FSDP on 2 GPUs, 0.9 on 4,
+    # under 0.5 GiB with LoRA or QLoRA.
     params = {"model": "gpt2", "batch_size": 2, "seq_len": 64, "config": {"n_layer": 4}}
-    body = {"spec": {"op": "model", "params": params}, "capacity_bytes": 256 * MiB}
+    body = {
+        "spec": {"op": "model", "params": params},
+        "gpus": ["h100"],
+        "capacity_bytes": 1000 * MiB,
+        "max_value": 64,  # the edges are not what this asks (an H100's is far up)
+    }
     r = client.post("/v1/plans", json=body, timeout=300)
     assert r.status_code == 200, r.text
-    by_label = {s["label"]: s for s in r.json()["suggestions"]}
-    lora = by_label["LoRA r=16 (fine-tune adapters only)"]
-    qlora = by_label["QLoRA: a 4-bit NF4 base with LoRA r=16"]
-    eight = by_label["8-bit AdamW"]
-    assert lora["change"]["peft"]["r"] == 16 and qlora["change"]["quantization"]["method"] == "nf4"
-    # LoRA drops the base's gradients and optimizer state, 8-bit AdamW shrinks the state:
-    assert lora["bytes_saved"] > eight["bytes_saved"] > 0
-    assert qlora["bytes_saved"] > 0
-    assert "adapters" in lora["time_cost"] and "dequantizes" in qlora["time_cost"]
+    plan = r.json()
+    full = 67_736_832  # GPT-2's embeddings and 4 blocks
+    lora = 786_432  # r=16 on every linear layer (Conv1D) of 4 blocks
+    answer = plan["answers"][0]["prediction"]
+    assert answer["parameters"] == answer["trainable_parameters"] == full
+    by_card = {c["gpu"]: c["ways"] for c in plan["ways"]}
+    assert list(by_card) == ["H100 SXM 80GB", "1000.0 MiB (capacity_bytes)"]
+    for card in plan["ways"]:
+        ways = card["ways"]
+        assert [w["rank"] for w in ways] == list(range(1, len(ways) + 1))
+        by_label = {w["label"]: w for w in ways}
+        assert by_label["full fine-tune (as given)"]["change"] == {}
+        assert by_label["full fine-tune (as given)"]["trainable_parameters"] == full
+        assert by_label["8-bit AdamW"]["trainable_parameters"] == full
+        assert by_label["LoRA r=16 (adapters only)"]["trainable_parameters"] == lora
+        qlora = by_label["QLoRA: a 4-bit NF4 base with LoRA r=16"]
+        assert qlora["trainable_parameters"] == lora and qlora["parameters"] > full
+        assert qlora["change"]["quantization"]["method"] == "nf4"
+        for w in ways:
+            assert w["headroom_bytes"] == card["usable_bytes"] - w["peak_reserved"]
+    # On the H100 every way fits: the fewest GPUs, the most trained, the least changed.
+    h100 = by_card["H100 SXM 80GB"]
+    assert [(w["label"], w["gpus"], w["fits"]) for w in h100] == [
+        ("full fine-tune (as given)", 1, True),
+        ("8-bit AdamW", 1, True),
+        ("LoRA r=16 (adapters only)", 1, True),
+        ("QLoRA: a 4-bit NF4 base with LoRA r=16", 1, True),
+        ("FSDP2 full sharding on 2 GPUs", 2, True),
+    ]
+    # On 1000 MiB what fits comes first; FSDP takes the fewest GPUs that fit (2 do not).
+    small = by_card["1000.0 MiB (capacity_bytes)"]
+    assert [(w["label"], w["gpus"], w["fits"]) for w in small] == [
+        ("LoRA r=16 (adapters only)", 1, True),
+        ("QLoRA: a 4-bit NF4 base with LoRA r=16", 1, True),
+        ("FSDP2 full sharding on 4 GPUs", 4, True),
+        ("full fine-tune (as given)", 1, False),
+        ("8-bit AdamW", 1, False),
+    ]
+    fsdp = small[2]
+    assert fsdp["change"] == {"distributed": {"strategy": "fsdp", "gpus": 4}}
+    assert fsdp["trainable_parameters"] == full and "per rank" in fsdp["note"]
+    assert fsdp["peak_reserved"] < 1000 * MiB < h100[4]["peak_reserved"]
+    assert "adapters" in small[0]["time_cost"] and "dequantizes" in small[1]["time_cost"]
+    # The ways are not repeated among the smaller changes that would make it fit.
+    labels = [s["label"] for s in plan["suggestions"]]
+    assert labels and not any("LoRA" in x or "FSDP" in x or "8-bit" in x for x in labels)
+    assert all(s["trainable_parameters"] == full for s in plan["suggestions"])
+
+
+def test_a_distributed_variant_is_answered_per_rank_with_its_gpus(
+    client: httpx.Client,
+) -> None:
+    fsdp = {"distributed": {"strategy": "fsdp", "gpus": 4}}
+    plan = _plan(client, capacity_bytes=2**30, variants=[{}, fsdp], suggest=False, verify=False)
+    one, four = plan["answers"]
+    assert one["variant"]["gpus"] == 1 and four["variant"]["gpus"] == 4
+    assert four["prediction"]["peak_allocated"] < one["prediction"]["peak_allocated"]
+    # every rank holds a quarter of the parameters, and trains the whole model
+    full = one["prediction"]["categories"]["parameters"]
+    assert four["prediction"]["categories"]["parameters"] < full
+    assert four["prediction"]["trainable_parameters"] == one["prediction"]["trainable_parameters"]
+    assert plan["ways"] == []  # suggest off: no ways either
 
 
 def test_a_plan_varies_the_sequence_length_up_to_the_models_positions(
@@ -195,6 +256,9 @@ def test_the_plan_and_gpus_commands_print_readable_tables(
     assert "RTX 4090 24GB" in out and "yes," in out and "NO," in out and "short" in out
     assert "micro_batches=2" in out and "max batch_size" in out
     assert "what would make it fit" in out
+    assert "ways to fine-tune on RTX 4090 24GB" in out and "LoRA r=16" in out
+    assert "FSDP2 full sharding on 2 GPUs" in out and "per GPU" in out
+    assert "full fine-tune (as given)" in out and " of " in out  # trainable of all
     assert main(["plan", "tiny-gpt2", "--gpu", "no such card", *args]) == 1
     assert "gpus[0]" in capsys.readouterr().err
 
@@ -208,6 +272,28 @@ def test_a_fit_for_a_gpu_no_worker_has_points_to_the_plan_that_answers_now(
     assert r.status_code == 422, r.text
     message = r.json()["error"]["details"][0]["message"]
     assert 'vramlab plan gpt2 --batch 16 --seq 1024 --gpu "RTX 4090"' in message
+
+
+@pytest.mark.parametrize("where", ["spec", "variant"])
+def test_a_fit_across_gpus_is_refused_with_the_plan_that_predicts_the_fewest(
+    client: httpx.Client, where: str
+) -> None:
+    # A fit's trials run under an emulated card per process; N ranks cannot take one yet.
+    fsdp = {"distributed": {"strategy": "fsdp", "gpus": 4}}
+    params = {"model": "gpt2", "batch_size": 16, "seq_len": 1024}
+    body: dict[str, Any] = {"capacity_bytes": 24 * GiB}
+    if where == "spec":
+        body["spec"] = {"op": "model", "device": "cuda", "params": {**params, **fsdp}}
+    else:
+        body["spec"] = {"op": "model", "device": "cuda", "params": params}
+        body["variants"] = [{}, fsdp]
+    r = client.post("/v1/fits", json=body)
+    assert r.status_code == 422, r.text
+    detail = r.json()["error"]["details"][0]
+    field = "spec.params.distributed" if where == "spec" else "variants[1].distributed"
+    assert detail["field"] == field
+    assert "vramlab plan gpt2 --batch 16 --seq 1024" in detail["message"]
+    assert "fewest of 2, 4 or 8 GPUs" in detail["message"]
 
 
 def test_a_fit_for_the_gpu_of_a_worker_that_is_gone_points_to_the_plan(
@@ -250,6 +336,8 @@ def test_the_plan_page_draws_each_answer_against_the_cards_usable_memory(
     assert "RTX 4090 24GB" in html and "16.0 MiB (capacity_bytes)" in html
     assert "does not fit" in html and "short" in html and "spare" in html
     assert "What would make it fit" in html
+    assert 'id="plan-ways"' in html and "FSDP2 full sharding on 2 GPUs" in html
+    assert "full fine-tune (as given)" in html and "per GPU" in html
     assert 'id="plan-error"' not in html
     wrong = client.get("/ui/plan", params={**form, "gpus": "no such card"}, timeout=300)
     assert wrong.status_code == 200

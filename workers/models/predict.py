@@ -41,7 +41,7 @@ from vramlab.catalog.errors import CatalogError
 from vramlab.catalog.model_zoo import resolve_spec
 from vramlab.contract import Category
 from vramlab.runspec import ModelParams
-from workers.models import cost, edges, parallel
+from workers.models import cost, edges, parallel, rules
 from workers.models.alloc_log import (
     TRACED_DEPTH,
     AllocationLog,
@@ -146,6 +146,11 @@ class Traced:
     # ``events`` is then the log at MAX_REPLAY_DEPTH.
     extended: tuple[int, list[tuple[int, int]], int] | None = None
 
+    # The model's parameters (a 4-bit or 8-bit weight as its unquantized elements, a
+    # sharded one whole) and those its optimizer trains, at its full depth.
+    parameters: int | None = None
+    trainable: int | None = None
+
     @property
     def peak_allocated(self) -> int:
         return sum(self.categories.values())
@@ -198,6 +203,8 @@ def predict(
         "peak_allocated": traced.peak_allocated,
         "peak_reserved": traced.peak_reserved(params.capacity_bytes),
         "categories": {str(k): int(v) for k, v in traced.categories.items()},
+        "parameter_count": traced.parameters,
+        "trainable_parameter_count": traced.trainable,
         "caveats": traced.caveats,
         "phase": traced.phase,
         "seconds": round(time.perf_counter() - started, 3),
@@ -239,10 +246,11 @@ def trace(
         seq_len = params.seq_len_or_default
         first, _ = _phases(params.replace(new_tokens=1), cuda)
         last, _ = _phases(params.replace(seq_len=seq_len + new_tokens - 2, new_tokens=2), cuda)
-        phases = {"prefill": first["prefill"], "decode": last["decode"]}
+        phases = {"prefill": first["prefill"], "decode": last["decode"], COUNTS: first[COUNTS]}
     else:
         logged = settings is not None and params.task != "generate"
         phases, events = _phases(params, cuda, logged)
+    counts = phases.pop(COUNTS, {})
     # Each phase's peak and its start, each extended on its own line: at a shallow depth a
     # phase can peak at a moment that grows less per block than its start does.
     moment = max(phases, key=lambda name: sum(phases[name].values()))
@@ -262,10 +270,24 @@ def trace(
             caveats.append(ROUNDED_CAVEAT)
     replayed = None if extended is None else extended[0]
     flat = None if isinstance(events, tuple) else events
-    return Traced(categories, phase, caveats, cuda, flat, settings, replayed)
+    return Traced(
+        categories,
+        phase,
+        caveats,
+        cuda,
+        flat,
+        settings,
+        replayed,
+        counts.get("parameters"),
+        counts.get("trainable"),
+    )
 
 
 Phases = dict[str, dict[str, int]]
+# Not a phase: the model's parameter counts, kept beside the phases' categories so that a
+# deep model's are extended from its shallow traces along the same line (exact: every
+# block holds the same parameters).
+COUNTS = "counts"
 Events = list[tuple[int, int]]
 # The allocation log to replay; for a stack past MAX_REPLAY_DEPTH, ((depth, the log at
 # half of MAX_REPLAY_DEPTH, that half), the log at MAX_REPLAY_DEPTH).
@@ -396,11 +418,32 @@ def _trace(
             mark_windows(log, stacks)
             with semantics or contextlib.nullcontext(), log:
                 run_step(built, log.during)  # step 1: the optimizer's state is made in it
-        phases = tally_step(built, BLOCK if cuda else 1, semantics, log).phases
+        phases = {**tally_step(built, BLOCK if cuda else 1, semantics, log).phases}
+        phases[COUNTS] = parameter_counts(built.model)
         if log is not None:
             log.close()  # what dies after step 2 (the model, as the trace ends) is not in it
             _drop_host_tensors(built, log)
     return phases, log
+
+
+def parameter_counts(model: torch.nn.Module) -> dict[str, int]:
+    """The model's parameters and its trainable ones, each counted once (a tied weight
+    once; a sharded one whole, as a DTensor's numel is; a quantized weight as the
+    elements it stands for, not its packed bytes, as transformers' num_parameters counts
+    a 4-bit one)."""
+    seen: set[int] = set()
+    total = trainable = 0
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            if id(p) in seen:
+                continue
+            seen.add(id(p))
+            n = p.numel()
+            if isinstance(module, rules.QuantizedLinear) and name == "weight":
+                n = module.in_features * module.out_features
+            total += n
+            trainable += n if p.requires_grad else 0
+    return {"parameters": total, "trainable": trainable}
 
 
 @contextlib.contextmanager

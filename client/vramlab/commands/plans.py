@@ -60,8 +60,44 @@ def show(plan: dict[str, Any]) -> None:
             for s in plan["suggestions"]
         ]
         print(table(["change", "saves", "peak reserved", "then fits", "time cost"], advice))
+    for card in plan.get("ways") or []:
+        show_ways(card)
     for caveat in plan["caveats"][:1]:
         print(f"\n{caveat}")
+    for caveat in plan["caveats"][1:]:
+        if caveat.startswith("not ranked: "):  # a way the predictor refused
+            print(caveat)
+
+
+def count(n: int | None) -> str:
+    """A parameter count as people say it: 124.4M, 8.03B, 786.4K."""
+    if n is None:
+        return "?"
+    for unit, scale in (("B", 10**9), ("M", 10**6), ("K", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}" if n < 100 * scale else f"{n / scale:.0f}{unit}"
+    return str(n)
+
+
+def show_ways(card: dict[str, Any]) -> None:
+    """One card's ways to fine-tune, best first."""
+    print(
+        f"\nways to fine-tune on {card['gpu']} ({size(card['usable_bytes'])} usable), best first:"
+    )
+    rows = [
+        (
+            w["rank"],
+            w["label"],
+            w["gpus"],
+            size(w["peak_reserved"]) + (" per GPU" if w["gpus"] > 1 else ""),
+            _fits(w),
+            f"{count(w['trainable_parameters'])} of {count(w['parameters'])}",
+            w["time_cost"] or "",
+        )
+        for w in card["ways"]
+    ]
+    headers = ["#", "way", "gpus", "peak reserved", "fits", "trains", "time cost"]
+    print(table(headers, rows))
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
