@@ -3,8 +3,9 @@
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic import AliasChoices, BeforeValidator, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from vramlab import contract
@@ -34,7 +35,7 @@ Bytes = Annotated[int, BeforeValidator(_size)]
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="VRAMLAB_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="VRAMLAB_", extra="ignore", populate_by_name=True)
 
     database_url: str = f"sqlite:///{DEFAULT_SQLITE}"
     host: str = "127.0.0.1"
@@ -82,6 +83,19 @@ class Settings(BaseSettings):
     model_predict_timeout_s: float = Field(default=5.0, gt=0)
     model_predict_wait_s: float = Field(default=30.0, gt=0)
     model_predict_per_submitter: int = Field(default=16, ge=1)
+    # A model spec may name a hub id (owner/name[@revision]) whose config.json the API
+    # fetches (app/catalog/hub.py): off by default, as the API then reaches the network.
+    # The hub is VRAMLAB_HUB_URL, else HF_ENDPOINT (the hub's own convention), else
+    # huggingface.co; a fetch's time-out, its largest body, and how long a branch's
+    # config.json is kept before it is fetched again (a commit's is kept).
+    hub_configs: bool = False
+    hub_url: str = Field(
+        default="https://huggingface.co",
+        validation_alias=AliasChoices("VRAMLAB_HUB_URL", "HF_ENDPOINT"),
+    )
+    hub_timeout_s: float = Field(default=10.0, gt=0, le=120)
+    hub_max_bytes: Bytes = Field(default=2**20, ge=1024, le=16 * 2**20)
+    hub_cache_seconds: float = Field(default=3600.0, ge=0)
     max_repeat: int = 1000
     # Ops tagged `diagnostic` (sleep, abort) exist to test timeouts and crashes.
     diagnostic_ops: bool = False
@@ -153,6 +167,16 @@ class Settings(BaseSettings):
         if not self.worker_live_seconds:
             self.worker_live_seconds = 2 * self.heartbeat_interval + self.db_wait_seconds
         return self
+
+    @field_validator("hub_url")
+    @classmethod
+    def _hub_origin(cls, url: str) -> str:
+        parsed = urlsplit(url.strip())
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError("the hub's URL must be http(s)://host[:port][/path]")
+        if parsed.query or parsed.fragment or parsed.username or parsed.password:
+            raise ValueError("the hub's URL takes no query, fragment or credentials")
+        return url.strip().rstrip("/")
 
     @field_validator("database_url")
     @classmethod

@@ -237,6 +237,10 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         (413, "the request body is over the size limit"),
         (422, "the input is invalid: details name each field and what is allowed"),
         (429, "too many queued experiments for this token; see Retry-After"),
-        (503, "the database is not answering or the service is saturated; see Retry-After"),
+        (
+            503,
+            "the database is not answering, the service is saturated, or the model hub "
+            "is not answering (hub_unavailable); see Retry-After",
+        ),
     )
 }

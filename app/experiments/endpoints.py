@@ -57,6 +57,10 @@ async def submit(
     # pool (app/experiments/submissions.py); a model spec's prediction is awaited before
     # it, holding no thread.
     caller = partial(trip.principal, scope="submit")
+    if spec.op == MODEL_OP:  # a hub id's config.json, fetched here: the worker gets data
+        spec = await run_in_threadpool(
+            submissions.with_hub_config, trip.db, caller, spec, trip.settings
+        )
     predicted, submitter, predict_for = None, INTERNAL, None
     if spec.op == MODEL_OP and trip.settings.model_predictions:
         address = trip.request.client.host if trip.request.client else None

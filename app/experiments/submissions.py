@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from app.access import tokens as auth
+from app.catalog import hub
 from app.core.config import Settings
 from app.core.db import Database, Reader
 from app.core.signals import WorkSignal
@@ -68,6 +69,22 @@ def prepare(
     submitter = f"token:{who.id}" if who.id is not None else f"address:{address or INTERNAL}"
     predict_for = predict_device(spec, resolved)
     return Prepared(resolved, model_question(accepted, predict_for), submitter, predict_for)
+
+
+def with_hub_config(
+    db: Database,
+    caller: Callable[[Reader], auth.Principal],
+    spec: ExperimentSpec,
+    settings: Settings,
+) -> ExperimentSpec:
+    """A model spec that names a hub id, with the id's config.json as its ``config_json``
+    (app/catalog/hub.py): the caller is checked first, so that no one who would be refused
+    makes the service reach the hub; any other spec as it is."""
+    if not hub.names_hub_id(spec.params):
+        return spec
+    with db.transaction(write=False) as read:
+        caller(read)
+    return spec.model_copy(update={"params": hub.resolve_params(spec.params, settings)})
 
 
 def submit(

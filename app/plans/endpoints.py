@@ -33,6 +33,7 @@ def create(
     ``vary`` predicted to fit; and what would make it fit, most bytes saved first. Nothing
     runs: no worker is needed and the experiment cap does not apply (a plan's own bounds:
     its size and its time)."""
+    body = plans.with_hub_configs(body, settings)  # the caller was checked: fetch now
     with db.session(write=False) as s:
         live = gpus.worker_cards(s, now, settings.worker_live_seconds)
     predict = plans.predictor_of(settings, submitter(who, request))

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from app.catalog import CatalogError, plan_spec
+from app.catalog import CatalogError, hub, plan_spec
 from app.core.config import Settings
 from app.core.db import Busy
 from app.core.errors import InvalidSpec
@@ -181,6 +181,23 @@ def allowed(params: Mapping[str, Any], vary: str, value: int) -> bool:
     except CatalogError:
         return False
     return True
+
+
+def with_hub_configs(body: PlanIn, settings: Settings) -> PlanIn:
+    """``body`` with the hub id its spec names fetched as the spec's ``config_json``
+    (app/catalog/hub.py). Its variants compare knobs of that one model: a variant that
+    names a model of its own is refused (the fetched config_json would win over it)."""
+    params = body.spec.get("params")
+    if not isinstance(params, dict) or not hub.names_hub_id(params):
+        return body
+    for i, overrides in enumerate(body.variants):
+        if "model" in overrides or "config_json" in overrides:
+            raise InvalidSpec(
+                f"variants[{i}].model",
+                "a plan for a hub id compares knobs of that model; plan another model on its own",
+            )
+    spec = {**body.spec, "params": hub.resolve_params(params, settings, "spec.params")}
+    return body.model_copy(update={"spec": spec})
 
 
 def base_spec(body: PlanIn) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -21,6 +21,8 @@ from vramlab.names import FINISHED, FitStatus, Status
 from vramlab.recorder import Recording
 
 DEFAULT_API = "http://127.0.0.1:8000"
+# A hub that did not answer (a hub id's config.json) is not asked again at once.
+HUB_UNAVAILABLE = "hub_unavailable"
 PLAN_ATTEMPTS = 4  # a plan past the service's time bound is asked again (503, then cached)
 FULL_ID = 36
 TERMINAL = tuple(str(s) for s in Status if s in FINISHED)
@@ -299,7 +301,8 @@ class Client:
                 out: dict[str, Any] = checked(self.http.post("/v1/plans", json=body, timeout=120))
                 return out
             except ApiError as exc:
-                if exc.status_code != 503 or attempt == PLAN_ATTEMPTS - 1:
+                last = attempt == PLAN_ATTEMPTS - 1
+                if exc.status_code != 503 or exc.type == HUB_UNAVAILABLE or last:
                     raise
         raise AssertionError("unreachable: the last attempt returns or raises")
 

@@ -358,8 +358,9 @@ def resolve(name: str, head: str | None = None) -> Resolved:
         return Resolved(name, name, kinds[0], {}, None)
     if "/" in name:
         raise UnknownModel(
-            f"{name!r} looks like a hub checkpoint; weights are never downloaded here: use the "
-            f"preset with its shape ({', '.join(PRESETS)}) or a model_type with config overrides"
+            f"{name!r} looks like a hub checkpoint; weights are never downloaded here: pass its "
+            f"config.json (config_json, `vramlab plan --config ./config.json`), or use a preset "
+            f"({', '.join(PRESETS)}) or a model_type with config overrides"
         )
     raise UnknownModel(
         f"unknown model {name!r}: use a preset ({', '.join(PRESETS)}) or a transformers "
