@@ -151,7 +151,7 @@ def test_an_emulated_card_too_small_is_an_oom_with_its_figures(service: str) -> 
     ("params", "field", "words"),
     [
         ({"model": "no-such-model"}, "params.model", "gpt2"),
-        ({"model": "meta-llama/No-Such-Checkpoint"}, "params.model", "never downloaded"),
+        ({"model": "meta-llama/No-Such-Checkpoint"}, "params.model", "does not fetch hub configs"),
         ({"model": "tiny-bert", "task": "generate"}, "params.task", "does not generate"),
         ({"model": "tiny-gpt2", "config": {"no_such_key": 1}}, "params.config", "no_such_key"),
         (
