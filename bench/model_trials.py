@@ -23,7 +23,7 @@ from datetime import datetime
 from typing import Any
 
 import httpx
-from service import running_service
+from service import run_to_end, running_service
 
 TARGET_TRIAL_S = 5.0
 TARGET_FIT_S = 20.0
@@ -34,14 +34,8 @@ FINISHED = ("succeeded", "failed", "cancelled", "lost")
 
 def trial(client: httpx.Client, spec: dict[str, Any]) -> tuple[float, dict[str, Any]]:
     began = time.perf_counter()
-    response = client.post("/v1/experiments", json=spec)
-    response.raise_for_status()
-    exp_id = response.json()["id"]
-    while True:
-        exp: dict[str, Any] = client.get(f"/v1/experiments/{exp_id}").json()
-        if exp["status"] not in ("queued", "running"):
-            return time.perf_counter() - began, exp
-        time.sleep(0.02)
+    exp = run_to_end(client, spec, poll_s=0.02)
+    return time.perf_counter() - began, exp
 
 
 def _at(stamp: str) -> float:
