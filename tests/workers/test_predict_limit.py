@@ -34,3 +34,26 @@ def test_the_limit_holds_when_its_first_raise_lands_in_a_finalizer() -> None:
         while time.monotonic() - start < 10:
             _burn(0.001)
     assert time.monotonic() - start < 10
+
+
+def test_a_limit_that_lands_in_a_librarys_try_is_still_the_limit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """transformers' model init binds a name inside its ``try`` and reads it in ``finally``:
+    the limit's raise before the binding surfaces as an UnboundLocalError. The spec is
+    refused for time, not as a config no model can be built with."""
+    pytest.importorskip("transformers")
+    from workers.models import predict
+
+    def fragile_build(*args: object, **kwargs: object) -> None:
+        try:
+            _burn(5.0)
+            bound = True
+        finally:
+            assert bound  # unbound when the limit lands first
+
+    monkeypatch.setattr(predict, "build", fragile_build)
+    params = {"model": "gpt2", "batch_size": 1, "seq_len": 8, "config": {"n_layer": 1}}
+    out = predict.answer({"params": params, "device": "cpu", "limit_s": 0.05})
+    assert predict.PASSED_LIMIT in out["error"]["message"], out
+    assert "cannot be built" not in out["error"]["message"]

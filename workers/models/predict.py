@@ -484,6 +484,8 @@ def _build(params: ModelParams) -> Built:
     except CatalogError:
         raise
     except Exception as exc:
+        if interrupted(exc):
+            raise OverLimit() from exc
         if type(exc).__name__ in FAKE_ONLY or isinstance(exc, ImportError):
             raise
         raise CatalogError(
@@ -565,6 +567,21 @@ class OverLimit(BaseException):
     the tracer or in transformers swallows it)."""
 
 
+def interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised while handling an OverLimit: the limit's raise can land
+    inside a library's ``try`` whose ``finally`` then fails on its own (transformers'
+    model init reads a name its ``try`` had not yet bound), and that second error is what
+    reaches us. It is the limit, not the config."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        if isinstance(link, OverLimit):
+            return True
+        seen.add(id(link))
+        link = link.__cause__ or link.__context__
+    return False
+
+
 @contextlib.contextmanager
 def cpu_limit(seconds: float | None) -> Iterator[None]:
     """Raise OverLimit in this thread once the process has used ``seconds`` of CPU time
@@ -592,6 +609,15 @@ def cpu_limit(seconds: float | None) -> Iterator[None]:
         signal.signal(signal.SIGPROF, previous)
 
 
+def over_limit(limit: Any) -> str:
+    """The refusal of a spec whose prediction used up its CPU time."""
+    return (
+        f"predicting this spec {PASSED_LIMIT} of {float(limit or 0):g} s of CPU time "
+        f"(VRAMLAB_MODEL_PREDICT_TIMEOUT_S): it is refused; a smaller model or config "
+        f"predicts in time"
+    )
+
+
 def answer(request: Mapping[str, Any]) -> dict[str, Any]:
     """One request answered: a prediction, or ``{"error": {"field", "message"}}`` (refused;
     with ``"unpredictable": true`` where the spec may still run, measured only).
@@ -611,15 +637,14 @@ def answer(request: Mapping[str, Any]) -> dict[str, Any]:
             logged = bool(request.get("log"))
             return {"id": ident, **predict(params, device, request.get("allocator"), logged)}
     except OverLimit:
-        message = (
-            f"predicting this spec {PASSED_LIMIT} of {limit:g} s of CPU time "
-            f"(VRAMLAB_MODEL_PREDICT_TIMEOUT_S): it is refused; a smaller model or config "
-            f"predicts in time"
-        )
-        return {"id": ident, "error": {"field": "params", "message": message}}
+        return {"id": ident, "error": {"field": "params", "message": over_limit(limit)}}
     except CatalogError as exc:
+        if interrupted(exc):
+            return {"id": ident, "error": {"field": "params", "message": over_limit(limit)}}
         return {"id": ident, "error": {"field": exc.field, "message": exc.message}}
     except Exception as exc:  # a model the tracer cannot follow: the spec is still fine
+        if interrupted(exc):
+            return {"id": ident, "error": {"field": "params", "message": over_limit(limit)}}
         return {
             "id": ident,
             "error": {
