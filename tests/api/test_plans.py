@@ -193,7 +193,9 @@ def test_the_ways_to_fine_tune_are_ranked_for_each_card_with_what_they_train(
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # a prediction's question
-def test_qlora_above_lora_says_why(client: httpx.Client) -> None:
+def test_qlora_above_lora_says_why(
+    client: httpx.Client, capsys: pytest.CaptureFixture[str]
+) -> None:
     # A small Llama with grouped-query heads at a long sequence in bf16: QLoRA's float32
     # activations (prepare_model_for_kbit_training) and its float32 attention's math
     # kernel (seq x seq scores) cost more than its 4-bit base saves, and the plan says so
@@ -212,6 +214,11 @@ def test_qlora_above_lora_says_why(client: httpx.Client) -> None:
     assert qlora["peak_allocated"] > lora["peak_allocated"]
     assert "float32" in qlora["note"] and "seq x seq" in qlora["note"]
     assert lora["note"] is None
+    # `vramlab plan` prints it under its table, by the row's rank.
+    from vramlab.commands.plans import show_ways
+
+    show_ways(r.json()["ways"][0])
+    assert f"  {qlora['rank']}: peaks above LoRA here" in capsys.readouterr().out
 
 
 def test_a_distributed_variant_is_answered_per_rank_with_its_gpus(
