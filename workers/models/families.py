@@ -36,7 +36,7 @@ from workers.models.steps import phases_of
 from workers.models.tally import Peak, replayed
 
 POINTS = 3  # traced batch sizes a family needs before the others are reused
-FAMILIES = 8  # families a child keeps (the least recently used go first)
+FAMILIES = 16  # families a child keeps (the least recently used go first)
 SMALLEST = 2  # batch 1 is no point and is not synthesized
 
 Phases = dict[str, dict[str, int]]
