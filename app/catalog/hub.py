@@ -24,6 +24,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,6 +112,30 @@ def resolve_params(
             raise
         fields = [(where + d["field"][len("params") :], d["message"]) for d in exc.details]
         raise InvalidSpec(*fields[0], *fields[1:]) from None
+
+
+def resolve_spec(
+    spec: dict[str, Any],
+    settings: Settings,
+    where: str,
+    changes: Sequence[tuple[str, Collection[str]]],
+) -> dict[str, Any]:
+    """A plan's, fit's or sweep's base ``spec`` with the hub id it names fetched as its
+    ``config_json``; ``spec`` unchanged where it names none. ``changes``: what its
+    variants (or grid) change, each as (the field to blame, the params keys it sets).
+    They compare knobs of that one model: one that names a model of its own is refused,
+    since the fetched config_json would win over it."""
+    params = spec.get("params")
+    if not isinstance(params, dict) or not names_hub_id(params):
+        return spec
+    for field, keys in changes:
+        if "model" in keys or "config_json" in keys:
+            raise InvalidSpec(
+                field,
+                "a base spec that names a hub id compares knobs of that model; ask about "
+                "another model on its own",
+            )
+    return {**spec, "params": resolve_params(params, settings, where)}
 
 
 def _resolved(params: dict[str, Any], settings: Settings) -> dict[str, Any]:

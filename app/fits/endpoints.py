@@ -33,7 +33,9 @@ def planned_fit(
     now: NowDep,
 ) -> Fit:
     """Every input checked in a short read session, before the handler's SessionDep opens
-    the write transaction."""
+    the write transaction; a hub id fetched after the caller was checked (``create``
+    lists them first)."""
+    body = fits.with_hub_config(body, settings)
     with db.session(write=False) as s:
         device = workers.default_device(s, now, settings.worker_live_seconds)
         return fits.plan(body, s, settings, device, now)

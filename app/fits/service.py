@@ -15,6 +15,7 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, and_, or_, select, update
 from sqlalchemy.orm import Session
 
+from app.catalog import hub
 from app.catalog.finetune import PAGED_OPTIMIZERS
 from app.core import cursors, ids
 from app.core.config import Settings
@@ -79,6 +80,14 @@ def _across_gpus(raw: dict[str, Any], body: FitIn, gpu: str | None) -> None:
                 f"worker: {command} ranks FSDP2 on the fewest of 2, 4 or 8 GPUs that fit, "
                 "and POST /v1/plans with this spec predicts its largest batch per GPU",
             )
+
+
+def with_hub_config(body: FitIn, settings: Settings) -> FitIn:
+    """``body`` with the hub id its spec names fetched as the spec's ``config_json``
+    (app/catalog/hub.py); its variants compare knobs of that model."""
+    changes = [(f"variants[{i}].model", v.keys()) for i, v in enumerate(body.variants)]
+    spec = hub.resolve_spec(body.spec, settings, "spec.params", changes)
+    return body if spec is body.spec else body.model_copy(update={"spec": spec})
 
 
 def plan(

@@ -185,19 +185,10 @@ def allowed(params: Mapping[str, Any], vary: str, value: int) -> bool:
 
 def with_hub_configs(body: PlanIn, settings: Settings) -> PlanIn:
     """``body`` with the hub id its spec names fetched as the spec's ``config_json``
-    (app/catalog/hub.py). Its variants compare knobs of that one model: a variant that
-    names a model of its own is refused (the fetched config_json would win over it)."""
-    params = body.spec.get("params")
-    if not isinstance(params, dict) or not hub.names_hub_id(params):
-        return body
-    for i, overrides in enumerate(body.variants):
-        if "model" in overrides or "config_json" in overrides:
-            raise InvalidSpec(
-                f"variants[{i}].model",
-                "a plan for a hub id compares knobs of that model; plan another model on its own",
-            )
-    spec = {**body.spec, "params": hub.resolve_params(params, settings, "spec.params")}
-    return body.model_copy(update={"spec": spec})
+    (app/catalog/hub.py)."""
+    changes = [(f"variants[{i}].model", v.keys()) for i, v in enumerate(body.variants)]
+    spec = hub.resolve_spec(body.spec, settings, "spec.params", changes)
+    return body if spec is body.spec else body.model_copy(update={"spec": spec})
 
 
 def base_spec(body: PlanIn) -> tuple[dict[str, Any], dict[str, Any]]:

@@ -40,7 +40,9 @@ def planned_sweep(
     now: NowDep,
 ) -> tuple[SweepIn, list[AcceptedSpec]]:
     """Every point checked and planned, before the handler's SessionDep opens the write
-    transaction (FastAPI resolves dependencies in the order the handler lists them)."""
+    transaction (FastAPI resolves dependencies in the order the handler lists them: the
+    caller is checked before a hub id the spec names is fetched)."""
+    body = sweeps.with_hub_config(body, settings)
 
     def default_device() -> str:  # for points with no device: a short read session
         with db.session(write=False) as s:

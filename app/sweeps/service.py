@@ -20,6 +20,7 @@ from pydantic import ValidationError
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
+from app.catalog import hub
 from app.catalog.scenario.bounds import MAX_PLANNED_STEPS
 from app.core import ids
 from app.core.config import Settings
@@ -93,6 +94,14 @@ def points(body: SweepIn) -> list[tuple[dict[str, Any], dict[str, Any]]]:
 def _point_error(i: int, values: dict[str, Any], field: str, message: str) -> InvalidSpec:
     where = ", ".join(f"{k}={v}" for k, v in values.items())
     return InvalidSpec(f"points[{i}].{field}", f"{message} (grid point {i}: {where})")
+
+
+def with_hub_config(body: SweepIn, settings: Settings) -> SweepIn:
+    """``body`` with the hub id its spec names fetched as the spec's ``config_json``
+    (app/catalog/hub.py); its grid compares knobs of that model."""
+    changes = [(f"grid.{key}", {key.removeprefix("params.")}) for key in body.grid]
+    spec = hub.resolve_spec(body.spec, settings, "spec.params", changes)
+    return body if spec is body.spec else body.model_copy(update={"spec": spec})
 
 
 def plan(

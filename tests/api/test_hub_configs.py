@@ -265,6 +265,42 @@ def test_a_plan_of_a_hub_id_and_the_cli(
     assert hub.count("tiny-gpt2") == 1
 
 
+def test_fits_and_sweeps_fetch_the_hub_id_their_spec_names(database_url: str, hub: FakeHub) -> None:
+    """A fit search and a sweep over a hub id search and sweep that model: their stored
+    spec (what each trial and point runs) carries the fetched config; a variant or grid
+    key that names another model is refused, as a plan's is."""
+    spec = {
+        "op": "model",
+        "shape": [],
+        "device": "cpu",
+        "params": {"model": "acme/tiny-gpt2", "batch_size": 2, "seq_len": 16},
+    }
+    with (
+        LiveServer(hub_settings(database_url, hub)) as live,
+        httpx.Client(base_url=live.url, timeout=30) as client,
+    ):
+        fit = client.post("/v1/fits", json={"spec": spec, "capacity_bytes": 64 * 2**20})
+        assert fit.status_code == 202, fit.text
+        assert fit.json()["spec"]["params"]["config_json"] == GPT2_JSON
+        other = {"spec": spec, "capacity_bytes": 64 * 2**20, "variants": [{"model": "gpt2"}]}
+        refused = client.post("/v1/fits", json=other)
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["error"]["details"][0]["field"] == "variants[0].model"
+
+        sweep = client.post("/v1/sweeps", json={"spec": spec, "grid": {"batch_size": [1, 2]}})
+        assert sweep.status_code == 202, sweep.text
+        assert sweep.json()["spec"]["params"]["config_json"] == GPT2_JSON
+        worker = register(client, CPU_CAPS)
+        claimed = claim(client, worker)
+        assert claimed is not None
+        assert claimed["spec"]["params"]["config_json"] == GPT2_JSON
+        grid = {"params.model": ["acme/tiny-gpt2", "gpt2"]}
+        refused = client.post("/v1/sweeps", json={"spec": spec, "grid": grid})
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["error"]["details"][0]["field"] == "grid.params.model"
+    assert hub.count("tiny-gpt2") == 1
+
+
 def test_the_hub_is_vramlabs_setting_else_hf_endpoint(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Settings().hub_url == "https://huggingface.co"
     assert Settings().hub_configs is False
