@@ -19,7 +19,10 @@ with an integer slope through all three points (three points for a line: the thi
 the other two). A family that disagrees is traced as before, every time. Batch 1 is never
 a point nor synthesized (a dimension of 1 makes a few ops differ); nor are generation
 (its steps change with the cache), several micro-batches (chunks of uneven sizes) or a
-sharded model (storages that change size).
+sharded model (storages that change size). What no three points can show, a size that
+stops being linear past them (a buffer padded to a multiple of the batch, say), would be
+synthesized wrong: the same assumption as plans' edges, checked on the catalog's models
+by tests/workers/test_plan_edges.py.
 tests/workers/test_predict_families.py checks a reused prediction against a fresh trace.
 """
 
