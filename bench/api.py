@@ -141,8 +141,10 @@ def wrk(
     tmp: Path,
     body: Any = None,
     pid: int | None = None,
+    threads: int | None = None,
 ) -> dict[str, Any]:
-    """wrk's figures; with ``pid``, also the server's CPU ms per request (``cpu_ms``)."""
+    """wrk's figures; with ``pid``, also the server's CPU ms per request (``cpu_ms``).
+    ``threads``: wrk's threads (default: one per connection, two at most)."""
     script = tmp / f"wrk-{uuid.uuid4().hex[:6]}.lua"
     cpu_before = cpu_seconds(pid) if pid is not None else None
     method = "GET" if body is None else "POST"
@@ -150,7 +152,7 @@ def wrk(
     out = subprocess.run(
         [
             "wrk",
-            f"-t{min(connections, 2)}",
+            f"-t{threads or min(connections, 2)}",
             f"-c{connections}",
             f"-d{seconds}s",
             "--timeout",

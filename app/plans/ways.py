@@ -24,6 +24,8 @@ from vramlab.runspec import DISTRIBUTED_MAX_GPUS
 # peft's default dropout (0): masks on every adapted input cost more than LoRA saves
 LORA = {"r": 16, "alpha": 32, "dropout": 0.0, "target_modules": "all-linear"}
 NF4 = {"method": "nf4", "double_quant": True, "compute_dtype": "bf16"}  # what "qlora" means
+LORA_LABEL = "LoRA r=16 (adapters only)"
+QLORA_LABEL = "QLoRA: a 4-bit NF4 base with LoRA r=16"
 FSDP_GPUS = tuple(n for n in (2, 4, 8) if n <= DISTRIBUTED_MAX_GPUS)
 LORA_COST = (
     "less compute a step (no gradients for the frozen base's weights); it trains small "
@@ -40,6 +42,13 @@ OPTIMIZER_8BIT_COST = (
 FSDP_COST = (
     "{n} times the samples a step (each GPU at this batch); every block gathered and its "
     "gradients reduce-scattered: slower over PCIe than NVLink"
+)
+QLORA_ABOVE_LORA = (
+    "peaks above LoRA here: prepare_model_for_kbit_training keeps the layers it does not "
+    "quantize in float32, so the step's activations are float32 (twice bf16's), and "
+    "float32 attention over grouped-query heads takes CUDA's math kernel, which holds "
+    "the whole seq x seq scores; the 4-bit base saves less than that costs at this "
+    "length (a shorter sequence or checkpointing narrows it)"
 )
 FSDP_NOTE = (
     "per rank, each of {n}; its reserved is the allocated peak rounded up to 2 MiB "
@@ -77,15 +86,8 @@ def candidates(params: Mapping[str, Any]) -> list[Candidate]:
     if full and single and params.get("optimizer") in ("adam", "adamw"):
         out.append(Candidate("8-bit AdamW", {"optimizer": "adamw-8bit"}, OPTIMIZER_8BIT_COST, 1))
     if full and single:
-        out.append(Candidate("LoRA r=16 (adapters only)", {"peft": LORA}, LORA_COST, 0))
-        out.append(
-            Candidate(
-                "QLoRA: a 4-bit NF4 base with LoRA r=16",
-                {"quantization": NF4, "peft": LORA},
-                QLORA_COST,
-                2,
-            )
-        )
+        out.append(Candidate(LORA_LABEL, {"peft": LORA}, LORA_COST, 0))
+        out.append(Candidate(QLORA_LABEL, {"quantization": NF4, "peft": LORA}, QLORA_COST, 2))
     if full and single and params.get("optimizer") in FSDP_OPTIMIZERS:
         for n in FSDP_GPUS:
             out.append(
@@ -140,6 +142,7 @@ def ranked(
     label = (
         "full fine-tune (as given)" if _full_fine_tune(params) else f"as given ({_kind(params)})"
     )
+    notes = _notes(predicted)
     own = Candidate(label, {}, None, 0, int((params.get("distributed") or {}).get("gpus") or 1))
     out = []
     for i, card in enumerate(cards):
@@ -147,7 +150,7 @@ def ranked(
         sharded = [p for p in predicted if p.candidate.gpus > 1]
         for p in predicted:
             if p.candidate.gpus == 1:
-                rows.append(_way(p.candidate, p.answer, card))
+                rows.append(_way(p.candidate, p.answer, card, note=notes.get(p.candidate.label)))
         if sharded:
             fitting = [p for p in sharded if _reserved(p.answer) <= card.usable_bytes]
             pick = fitting[0] if fitting else sharded[-1]
@@ -156,6 +159,15 @@ def ranked(
         ranked_rows = [w.model_copy(update={"rank": r}) for r, w in enumerate(rows, start=1)]
         out.append(CardWays(gpu=card.name, usable_bytes=card.usable_bytes, ways=ranked_rows))
     return out, unranked
+
+
+def _notes(predicted: Sequence[Predicted]) -> dict[str, str]:
+    """What a way's row says beside its figures, by label: why QLoRA peaks above LoRA
+    where it does (its float32 activations), which no one expects of a 4-bit base."""
+    peaks = {p.candidate.label: p.answer.peak_allocated or 0 for p in predicted}
+    if LORA_LABEL in peaks and peaks.get(QLORA_LABEL, 0) > peaks[LORA_LABEL]:
+        return {QLORA_LABEL: QLORA_ABOVE_LORA}
+    return {}
 
 
 def _reserved(a: ModelPrediction) -> int:
@@ -173,7 +185,13 @@ def _kind(params: Mapping[str, Any]) -> str:
     return "adapters" if params.get("peft") else "a quantized base"
 
 
-def _way(c: Candidate, a: ModelPrediction, card: Card, fits: bool | None = None) -> Way:
+def _way(
+    c: Candidate,
+    a: ModelPrediction,
+    card: Card,
+    fits: bool | None = None,
+    note: str | None = None,
+) -> Way:
     assert a.peak_reserved is not None and a.peak_allocated is not None
     if fits is None:
         fits = a.peak_reserved <= card.usable_bytes
@@ -190,7 +208,7 @@ def _way(c: Candidate, a: ModelPrediction, card: Card, fits: bool | None = None)
         trainable_parameters=a.trainable_parameter_count,
         departs=c.departs,
         time_cost=c.time_cost,
-        note=FSDP_NOTE.format(n=c.gpus) if c.gpus > 1 else None,
+        note=FSDP_NOTE.format(n=c.gpus) if c.gpus > 1 else note,
     )
 
 

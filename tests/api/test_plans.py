@@ -192,6 +192,35 @@ def test_the_ways_to_fine_tune_are_ranked_for_each_card_with_what_they_train(
     assert all(s["trainable_parameters"] == full for s in plan["suggestions"])
 
 
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # a prediction's question
+def test_qlora_above_lora_says_why(
+    client: httpx.Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A small Llama with grouped-query heads at a long sequence in bf16: QLoRA's float32
+    # activations (prepare_model_for_kbit_training) and its float32 attention's math
+    # kernel (seq x seq scores) cost more than its 4-bit base saves, and the plan says so
+    # on QLoRA's row (LoRA's says nothing).
+    config = {"num_hidden_layers": 2, "hidden_size": 256, "intermediate_size": 512,
+              "num_attention_heads": 8, "num_key_value_heads": 2, "vocab_size": 1000}  # fmt: skip
+    params = {"model": "llama", "batch_size": 1, "seq_len": 1024, "precision": "bf16",
+              "config": config}  # fmt: skip
+    body = {"spec": {"op": "model", "params": params}, "capacity_bytes": 8 * GiB,
+            "verify": False}  # fmt: skip
+    r = client.post("/v1/plans", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    ways = {w["label"]: w for w in r.json()["ways"][0]["ways"]}
+    lora = ways["LoRA r=16 (adapters only)"]
+    qlora = ways["QLoRA: a 4-bit NF4 base with LoRA r=16"]
+    assert qlora["peak_allocated"] > lora["peak_allocated"]
+    assert "float32" in qlora["note"] and "seq x seq" in qlora["note"]
+    assert lora["note"] is None
+    # `vramlab plan` prints it under its table, by the row's rank.
+    from vramlab.commands.plans import show_ways
+
+    show_ways(r.json()["ways"][0])
+    assert f"  {qlora['rank']}: peaks above LoRA here" in capsys.readouterr().out
+
+
 def test_a_distributed_variant_is_answered_per_rank_with_its_gpus(
     client: httpx.Client,
 ) -> None:

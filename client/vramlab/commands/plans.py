@@ -98,6 +98,9 @@ def show_ways(card: dict[str, Any]) -> None:
     ]
     headers = ["#", "way", "gpus", "peak reserved", "fits", "trains", "time cost"]
     print(table(headers, rows))
+    for w in card["ways"]:  # a distributed row's note is its "per GPU"
+        if w.get("note") and w["gpus"] == 1:
+            print(f"  {w['rank']}: {w['note']}")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
