@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from workers.models import parallel
+from workers.models import finetune, parallel
 from workers.models.build import Built
 from workers.models.tally import OTHER, Peak, Tally, identities
 
@@ -200,6 +200,7 @@ def tally_step(
     with contextlib.ExitStack() as stack:
         stack.enter_context(around or contextlib.nullcontext())
         stack.enter_context(tally)
+        stack.enter_context(finetune.step_untallied(built.optimizer))
         if built.params.parallel is not None:
             stack.enter_context(parallel.storage_watched(tally))
         phase: Phase = tally.during
