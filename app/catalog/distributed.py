@@ -130,3 +130,5 @@ def check(params: Mapping[str, Any], kind: str, device: str | None) -> None:
             )
     elif optimizer in ("paged-adamw-8bit", "paged-adamw"):
         raise CatalogError("params.optimizer", "paged optimizers are not measured across GPUs")
+    elif str(optimizer).startswith("torchao-"):
+        raise CatalogError("params.optimizer", "torchao's optimizers are not measured across GPUs")

@@ -24,6 +24,9 @@ Params = Mapping[str, Any]
 # Optimizers from bitsandbytes: CUDA only (their kernels have no CPU build here).
 CUDA_OPTIMIZERS = ("adamw-8bit", "paged-adamw-8bit", "paged-adamw")
 PAGED_OPTIMIZERS = ("paged-adamw-8bit", "paged-adamw")
+# torchao's low-bit AdamW (torchao.optim: 8-bit, 4-bit and FP8 state; CPU and CUDA). The
+# worker and the predictor check that torchao is installed and matches their torch.
+TORCHAO_OPTIMIZERS = ("torchao-adamw-8bit", "torchao-adamw-4bit", "torchao-adamw-fp8")
 # Optimizers from transformers (Trainer's `adafactor`: no relative step, no scaling).
 TRANSFORMERS_OPTIMIZERS = ("transformers-adafactor",)
 QUANT_METHODS = ("nf4", "int8")

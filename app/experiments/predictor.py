@@ -24,6 +24,11 @@ waits for that answer. Specs waiting for a lane are served in turns across submi
 ``per_submitter`` waiting and, while others have asked in the last minute, on all lanes
 but one while anyone else has a spec waiting (a lane nobody else needs is not left idle):
 one submitter's flood delays its own specs, not others', by one prediction at most.
+
+Within a submitter's turn, a lane takes a spec of a family it has answered before (the
+same spec but for its batch size) rather than one of a family another idle lane answered:
+a child answers a family's other batch sizes from its traces at three, without tracing
+(workers/models/families.py). A spec whose family's lane is busy goes to any free lane.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ CACHE_SIZE = 512
 CACHE_LOG_BYTES = 64 * 2**20  # what the remembered answers' allocation logs may hold
 TIMEOUT_MEMORY_S = 600.0  # a time-out is remembered this long (a busy machine heals)
 SHARED_S = 60.0  # submitters heard from within this long share the lanes
+FAMILIES = 256  # families whose lane the pool remembers
 PASSED_LIMIT = "passed the limit"  # in a refusal for time (the predictor's and the service's)
 INTERNAL = "vramlab"  # the submitter of the service's own predictions (fit searches)
 EXTRA = ("log", "edges")  # what a request may add to the protocol's fields
@@ -104,6 +110,7 @@ class _Job:
     key: str
     request: dict[str, Any]
     deadline: float  # a lane must take it by then (monotonic), or it is answered Busy
+    family: str | None = None  # the spec but for its batch size (None: no family)
     waiters: list[Future[ModelPrediction | CatalogError]] = field(default_factory=list)
 
 
@@ -136,6 +143,8 @@ class Predictor:
         self._ready_at: float | None = None
         self._ready: set[int] = set()  # lanes whose child has started
         self._next = 0
+        self._idle: set[int] = set()  # lanes waiting for a spec
+        self._lane_of: OrderedDict[str, int] = OrderedDict()  # the lane that has a family
 
     # The interface.
 
@@ -221,13 +230,13 @@ class Predictor:
                     "limit_s": self.timeout_s,
                     **extra,
                 }
-                job = _Job(key, request, time.monotonic() + self.wait_s)
+                job = _Job(key, request, time.monotonic() + self.wait_s, _family(request))
                 waiting.append(job)
                 if submitter not in self._turns:
                     self._turns.append(submitter)
                 self._inflight[key] = job
                 self._start_lanes()
-                self._cond.notify()
+                self._cond.notify_all()  # the lane of its family, if idle, takes it
             job.waiters.append(future)
         return future
 
@@ -272,7 +281,7 @@ class Predictor:
                     self._ready.add(lane)
                     if self._ready_at is None:
                         self._ready_at = time.monotonic()
-            job = self._take()
+            job = self._take(lane)
             if job is None:
                 break
             if all(w.cancelled() for w in job.waiters):
@@ -302,37 +311,58 @@ class Predictor:
             self._settle(job, outcome)
         self.backend.close()  # a child started while the pool closed goes with it
 
-    def _take(self) -> _Job | None:
+    def _take(self, lane: int) -> _Job | None:
         """The next submitter's next spec, in turns; while others have asked lately, a
         submitter already running on all lanes but one comes after every submitter below
-        that (and takes the last lane only when none of them has a spec waiting)."""
+        that (and takes the last lane only when none of them has a spec waiting). Of a
+        submitter's specs, the first this lane may take (``_mine``)."""
         with self._cond:
-            while not self._closed:
-                now = time.monotonic()
-                recent = sum(1 for t in self._seen.values() if now - t < SHARED_S)
-                cap = max(1, self.backend.lanes - 1) if recent > 1 else self.backend.lanes
-                submitter = next(
-                    (who for who in self._turns if self._running.get(who, 0) < cap), None
-                )
-                if submitter is None and self._turns:
-                    # Everyone waiting is at the cap: nobody else needs this free lane now,
-                    # so it is not left idle (a spec from another submitter waits at most
-                    # for one prediction, which the per-prediction limit bounds).
-                    submitter = self._turns[0]
-                if submitter is not None:
-                    break
-                self._cond.wait()
-            else:
+            self._idle.add(lane)
+            try:
+                while not self._closed:
+                    now = time.monotonic()
+                    recent = sum(1 for t in self._seen.values() if now - t < SHARED_S)
+                    cap = max(1, self.backend.lanes - 1) if recent > 1 else self.backend.lanes
+                    below = [who for who in self._turns if self._running.get(who, 0) < cap]
+                    # Everyone waiting at the cap: nobody else needs this free lane now, so
+                    # it is not left idle (a spec from another submitter waits at most for
+                    # one prediction, which the per-prediction limit bounds).
+                    for who in below or list(self._turns):
+                        job = self._mine(lane, who)
+                        if job is not None:
+                            return self._taken(lane, who, job)
+                    self._cond.wait()
                 return None
-            self._turns.remove(submitter)
-            waiting = self._queues[submitter]
-            job = waiting.popleft()
-            if waiting:
-                self._turns.append(submitter)  # its next spec waits for everyone else's turn
-            else:
-                del self._queues[submitter]
-            self._running[submitter] = self._running.get(submitter, 0) + 1
-            return job
+            finally:
+                self._idle.discard(lane)
+
+    def _mine(self, lane: int, submitter: str) -> _Job | None:
+        """The submitter's first spec whose family this lane has, has no lane, or has a
+        busy one; None where each waits for another idle lane (which takes it now)."""
+        for job in self._queues[submitter]:
+            owner = None if job.family is None else self._lane_of.get(job.family)
+            if owner is None or owner == lane or owner not in self._idle:
+                return job
+        return None
+
+    def _taken(self, lane: int, submitter: str, job: _Job) -> _Job:
+        self._turns.remove(submitter)
+        waiting = self._queues[submitter]
+        waiting.remove(job)
+        if waiting:
+            self._turns.append(submitter)  # its next spec waits for everyone else's turn
+        else:
+            del self._queues[submitter]
+        self._running[submitter] = self._running.get(submitter, 0) + 1
+        if job.family is not None:
+            if job.family not in self._lane_of:
+                self._lane_of[job.family] = lane
+                while len(self._lane_of) > FAMILIES:
+                    self._lane_of.popitem(last=False)
+            self._lane_of.move_to_end(job.family)
+        job.request["lane"] = lane  # which child answered (logs, tests)
+        self._cond.notify_all()  # a lane that left this one a spec looks again
+        return job
 
     def _settle(self, job: _Job, outcome: ModelPrediction | CatalogError | Busy | None) -> None:
         with self._cond:
@@ -410,6 +440,16 @@ def _outcome(answer: Mapping[str, Any]) -> ModelPrediction | CatalogError:
         parameter_count=_count(answer.get("parameter_count")),
         trainable_parameter_count=_count(answer.get("trainable_parameter_count")),
     )
+
+
+def _family(request: Mapping[str, Any]) -> str | None:
+    """What a spec's family is known by: the request but for its id and batch size (an
+    edge request, a plan's search, has none)."""
+    if "edges" in request:
+        return None
+    params = {k: v for k, v in request["params"].items() if k != "batch_size"}
+    rest = {k: v for k, v in request.items() if k not in ("id", "params", "submitter")}
+    return json.dumps([params, rest], sort_keys=True)
 
 
 def _count(value: Any) -> int | None:

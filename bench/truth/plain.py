@@ -1,5 +1,5 @@
 """One fine-tuning case as people write it, without any of vramlab's code: transformers,
-peft, bitsandbytes and Liger as their documentation shows, two training steps, and the
+peft, bitsandbytes, torchao and Liger as their documentation shows, two training steps, and the
 allocator's figures. Run in a fresh process per case (bench/truth/run.py does):
 
     python bench/truth/plain.py '{"model_type": "llama", "kind": "causal-lm", "config": {...},
@@ -121,7 +121,23 @@ def optimizer_of(case: dict[str, Any], model: Any) -> torch.optim.Optimizer:
             "paged-adamw": bnb.optim.PagedAdamW,
         }[name]
         return cls(weights, lr=1e-4)
+    if name.startswith("torchao-"):
+        import torchao.optim  # torchao's docs: a drop-in replacement for torch.optim.AdamW
+
+        cls = {
+            "torchao-adamw-8bit": torchao.optim.AdamW8bit,
+            "torchao-adamw-4bit": torchao.optim.AdamW4bit,
+            "torchao-adamw-fp8": torchao.optim.AdamWFp8,
+        }[name]
+        return cls(weights, lr=1e-4)
     return torch.optim.AdamW(weights, lr=1e-4)
+
+
+def held(value: torch.Tensor) -> list[torch.Tensor]:
+    """What a state tensor holds: torchao's quantized moments by their codes, per-block
+    scales and quantization map (a tensor subclass has no storage of its own)."""
+    parts = [getattr(value, a) for a in ("codes", "scale", "qmap") if hasattr(value, a)]
+    return parts or [value]
 
 
 def nbytes(tensors: list[torch.Tensor]) -> int:
@@ -134,10 +150,11 @@ def figures(model: Any, optimizer: Any, peaks: list[int]) -> dict[str, Any]:
     device = device_of()
     params = [p for p in model.parameters() if p.device == device]
     state = [
-        v
+        t
         for s in optimizer.state.values()
         for v in s.values()
         if torch.is_tensor(v) and v.device == device
+        for t in held(v)
     ]
     return {
         "peak_step1": peaks[0],

@@ -85,6 +85,28 @@ CASES: dict[str, dict[str, Any]] = {
         "seq_len": 512,
         "optimizer": "paged-adamw-8bit",
     },
+    # torchao's low-bit AdamW (torchao.optim; its step torch.compile'd): not yet run on a GPU
+    "torchao-adamw8bit-llama1b": {
+        "model": "llama-1b",
+        "precision": "bf16",
+        "batch_size": 2,
+        "seq_len": 512,
+        "optimizer": "torchao-adamw-8bit",
+    },
+    "torchao-adamw4bit-llama1b": {
+        "model": "llama-1b",
+        "precision": "bf16",
+        "batch_size": 2,
+        "seq_len": 512,
+        "optimizer": "torchao-adamw-4bit",
+    },
+    "torchao-adamwfp8-llama1b": {
+        "model": "llama-1b",
+        "precision": "bf16",
+        "batch_size": 2,
+        "seq_len": 512,
+        "optimizer": "torchao-adamw-fp8",
+    },
     "liger-llama1b": {
         "model": "llama-1b",
         "precision": "bf16",

@@ -56,6 +56,9 @@ Optimizer = Literal[
     "adamw-8bit",
     "paged-adamw-8bit",
     "paged-adamw",
+    "torchao-adamw-8bit",
+    "torchao-adamw-4bit",
+    "torchao-adamw-fp8",
 ]
 OPTIMIZERS: tuple[Optimizer, ...] = (
     "sgd",
@@ -69,6 +72,10 @@ OPTIMIZERS: tuple[Optimizer, ...] = (
     "adamw-8bit",
     "paged-adamw-8bit",
     "paged-adamw",
+    # torchao's low-bit AdamW (torchao.optim; CPU and CUDA, where torchao matches torch)
+    "torchao-adamw-8bit",
+    "torchao-adamw-4bit",
+    "torchao-adamw-fp8",
 )
 Loss = Literal["default", "liger"]
 LOSSES: tuple[Loss, ...] = ("default", "liger")

@@ -196,6 +196,44 @@ def test_a_lane_nobody_else_needs_is_not_left_idle(database_url: str, fake: Fake
     assert sorted(order[1:3]) == [1, 2] and order[3:] == [101, 3], order
 
 
+def test_a_family_goes_to_the_lane_that_answered_it(database_url: str, fake: FakePredictor) -> None:
+    """Specs that differ only in their batch size go to the lane whose child answered
+    their family while that lane is free (the child answers them from its traces, without
+    tracing: workers/models/families.py); while it is busy, to another free lane."""
+    settings = make_settings(database_url, predictor_url=fake.url, model_predictor_children=2)
+
+    def spec(batch: int, seq_len: int) -> dict[str, Any]:
+        out = model_spec(batch)
+        out["params"]["seq_len"] = seq_len
+        return out
+
+    async def scenario(url: str) -> None:
+        async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+            fake.held = False
+            for b in range(1, 7):  # one after another: both lanes are free for each
+                for seq_len in (32, 64):
+                    r = await http.post("/v1/experiments", json=spec(b, seq_len))
+                    assert r.status_code == 202, r.text
+            fake.held = True
+            held = asyncio.ensure_future(http.post("/v1/experiments", json=spec(7, 32)))
+            await asyncio.to_thread(fake.wait_for, 13)
+            other = asyncio.ensure_future(http.post("/v1/experiments", json=spec(8, 32)))
+            await asyncio.to_thread(fake.wait_for, 14)  # taken while the family's lane is held
+            fake.held = False
+            for _ in range(10):
+                fake.gate.release()
+            assert [r.status_code for r in await asyncio.gather(held, other)] == [202] * 2
+
+    with LiveServer(settings) as live:
+        asyncio.run(scenario(live.url))
+    lanes: dict[int, set[int]] = {}
+    for r in fake.requests[:12]:
+        lanes.setdefault(r["params"]["seq_len"], set()).add(r["lane"])
+    assert all(len(v) == 1 for v in lanes.values()), fake.requests
+    assert fake.requests[12]["lane"] == next(iter(lanes[32]))
+    assert fake.requests[13]["lane"] != fake.requests[12]["lane"]
+
+
 def test_a_submitter_may_not_queue_without_bound(database_url: str, fake: FakePredictor) -> None:
     settings = make_settings(
         database_url,

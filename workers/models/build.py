@@ -107,10 +107,11 @@ class Built:
         if self.optimizer is None:
             return []
         return [
-            local(v)
+            leaf
             for state in self.optimizer.state.values()
             for v in state.values()
             if isinstance(v, torch.Tensor)
+            for leaf in finetune.state_tensors(local(v))
         ]
 
 
@@ -228,7 +229,8 @@ def build(
 def make_optimizer(
     params: ModelParams, weights: list[torch.Tensor], fake: bool = False
 ) -> torch.optim.Optimizer:
-    """The spec's optimizer; ``fake``: on fake tensors, bitsandbytes' by its rule."""
+    """The spec's optimizer; ``fake``: on fake tensors, bitsandbytes' and torchao's by
+    their rules."""
     name, impl = params.optimizer, params.optimizer_impl
     options: dict[str, Any] = {}
     if impl == "for-loop":
@@ -250,6 +252,11 @@ def make_optimizer(
         if fake:
             return rules.BnbAdamWRule(weights, 32 if name == "paged-adamw" else 8, "paged" in name)
         return finetune.bitsandbytes_optimizer(name, weights)
+    if name in finetune.TORCHAO_CLASSES:
+        if fake:
+            finetune.check_torchao()  # refused here too: the predictor answers for the worker
+            return rules.TorchaoAdamWRule(weights, name)
+        return finetune.torchao_optimizer(name, weights)
     return torch.optim.AdamW(weights, lr=1e-4, **options)
 
 

@@ -1,10 +1,12 @@
 """The fine-tuning knobs of a model spec, read once (``FineTune.of``), and what they do to
 the model the worker builds: the step's own dropout, LoRA through peft, the optimizers
-that are not PyTorch's (transformers' Adafactor, bitsandbytes' 8-bit and paged AdamW).
+that are not PyTorch's (transformers' Adafactor, bitsandbytes' 8-bit and paged AdamW,
+torchao's low-bit AdamW).
 
 The API checks the knobs and writes Trainer's vocabulary out as them
 (app/catalog/finetune.py); here they are only read. What cannot run on fake tensors
-(bitsandbytes' kernels) is predicted by rules for its own tensors (workers/models/rules.py).
+(bitsandbytes' kernels, torchao's compiled step) is predicted by rules for its own tensors
+(workers/models/rules.py).
 """
 
 from __future__ import annotations
@@ -188,6 +190,101 @@ def bitsandbytes_optimizer(name: str, weights: list[torch.Tensor]) -> torch.opti
     if name == "paged-adamw-8bit":
         return bnb.optim.PagedAdamW8bit(weights, lr=1e-4)
     return bnb.optim.PagedAdamW(weights, lr=1e-4)
+
+
+# torchao releases whose optimizer state the rule follows (workers/models/rules.py), and
+# the oldest torch each loads its builds on (torchao/__init__.py: 0.18 needs 2.11).
+TORCHAO_MIN_TORCH = {(0, 18): (2, 11)}
+TORCHAO_CLASSES = {
+    "torchao-adamw-8bit": "AdamW8bit",
+    "torchao-adamw-4bit": "AdamW4bit",
+    "torchao-adamw-fp8": "AdamWFp8",
+}
+
+
+def torchao_problem() -> str | None:
+    """Why torchao's optimizers cannot run beside this torch (None: they can). Read from
+    the installed distribution's version, without importing torchao."""
+    from importlib import metadata
+
+    try:
+        version = metadata.version("torchao")
+    except metadata.PackageNotFoundError:
+        return (
+            "torchao is not installed beside this torch "
+            f"({torch.__version__}): pip install torchao (0.18, for torch 2.11 or later)"
+        )
+    release = _major_minor(version)
+    known = ", ".join(f"{a}.{b}" for a, b in TORCHAO_MIN_TORCH)
+    if release not in TORCHAO_MIN_TORCH:
+        return (
+            f"torchao {version} is installed; its optimizers' state is known here for "
+            f"torchao {known} only"
+        )
+    need = TORCHAO_MIN_TORCH[release]
+    if _major_minor(torch.__version__) < need:
+        return (
+            f"torchao {version} is built for torch {need[0]}.{need[1]} or later; "
+            f"this torch is {torch.__version__}"
+        )
+    return None
+
+
+def _major_minor(version: str) -> tuple[int, int]:
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return (int(found[1]), int(found[2])) if found else (0, 0)
+
+
+def check_torchao() -> None:
+    """Refuse a torchao optimizer where torchao is missing or does not match torch."""
+    problem = torchao_problem()
+    if problem is not None:
+        from vramlab.catalog.errors import CatalogError
+
+        raise CatalogError("params.optimizer", problem)
+
+
+def torchao_optimizer(name: str, weights: list[torch.Tensor]) -> torch.optim.Optimizer:
+    """torchao's low-bit AdamW as its docs show it (state quantized per block; each
+    parameter's update a torch.compile'd function, CPU or CUDA)."""
+    check_torchao()
+    import torchao.optim
+
+    optimizer: torch.optim.Optimizer = getattr(torchao.optim, TORCHAO_CLASSES[name])(
+        weights, lr=1e-4
+    )
+    return optimizer
+
+
+@contextlib.contextmanager
+def step_untallied(optimizer: torch.optim.Optimizer | None) -> Iterator[None]:
+    """torchao's update is torch.compile'd, and torch.compile runs under no dispatch mode:
+    under the category tally its step runs with the tally set aside (its compiled kernels'
+    buffers are in the measured peak, not in the tally's categories)."""
+    if optimizer is None or not type(optimizer).__module__.startswith("torchao."):
+        yield
+        return
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    step = optimizer.step
+
+    def untallied(*args: Any, **kwargs: Any) -> Any:
+        with _disable_current_modes():
+            return step(*args, **kwargs)
+
+    with mock.patch.object(optimizer, "step", untallied):
+        yield
+
+
+def state_tensors(t: torch.Tensor) -> list[torch.Tensor]:
+    """The plain tensors that hold a state tensor's bytes: a tensor subclass (torchao's
+    quantized state: codes, scales, a quantization map) by its inner tensors."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if not is_traceable_wrapper_subclass(t):
+        return [t]
+    names, _ = t.__tensor_flatten__()
+    return [leaf for name in names for leaf in state_tensors(getattr(t, name))]
 
 
 def is_paged(t: torch.Tensor) -> bool:

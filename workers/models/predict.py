@@ -41,7 +41,7 @@ from vramlab.catalog.errors import CatalogError
 from vramlab.catalog.model_zoo import resolve_spec
 from vramlab.contract import Category
 from vramlab.runspec import ModelParams
-from workers.models import cost, edges, parallel, rules
+from workers.models import cost, edges, families, parallel, rules
 from workers.models.alloc_log import (
     TRACED_DEPTH,
     AllocationLog,
@@ -390,8 +390,28 @@ def _trace(
 ) -> tuple[Phases, AllocationLog | None]:
     """Each phase's peak, by category, from the step traced on fake tensors; with
     ``logged``, the allocation log of the build, step 1 and that step (its events tagged
-    with the block of a stack of ``blocks`` they happen in)."""
+    with the block of a stack of ``blocks`` they happen in). Another batch size of a
+    family this process traced at three is not traced again (workers/models/families.py)."""
     params = ModelParams.of(params)
+    family = families.key_of(params, cuda, logged, blocks)
+    reused = FAMILIES.answer(family, params.batch_size)
+    if reused is not None:
+        phases, counts, made = reused
+        return {**phases, COUNTS: counts}, made
+    phases, log, point = _traced(params, cuda, logged, blocks, FAMILIES.wants(family))
+    if family is not None and point is not None:
+        FAMILIES.learn(family, params.batch_size, point)
+    return phases, log
+
+
+FAMILIES = families.Families()  # this process's traces, reused across batch sizes
+
+
+def _traced(
+    params: ModelParams, cuda: bool, logged: bool, blocks: int | None, recorded: bool
+) -> tuple[Phases, AllocationLog | None, families.Point | None]:
+    """``_trace``'s trace; with ``recorded``, also what replays it at another batch size
+    (None where it cannot be replayed)."""
     semantics = CudaSemantics() if cuda else None
     log = AllocationLog(workspace=CUBLAS_WORKSPACE if cuda else 0) if logged else None
     with FakeTensorMode(allow_non_fake_inputs=True), _unpacked():
@@ -418,12 +438,17 @@ def _trace(
             mark_windows(log, stacks)
             with semantics or contextlib.nullcontext(), log:
                 run_step(built, log.during)  # step 1: the optimizer's state is made in it
-        phases = {**tally_step(built, BLOCK if cuda else 1, semantics, log).phases}
+        rounding = BLOCK if cuda else 1
+        peak = tally_step(built, rounding, semantics, log, recorded)
+        phases: Phases = {**peak.phases}
         phases[COUNTS] = parameter_counts(built.model)
         if log is not None:
             log.close()  # what dies after step 2 (the model, as the trace ends) is not in it
             _drop_host_tensors(built, log)
-    return phases, log
+    point = None
+    if peak.record is not None and peak.record.replayable:
+        point = families.Point.of(peak, phases[COUNTS], rounding, log)
+    return phases, log, point
 
 
 def parameter_counts(model: torch.nn.Module) -> dict[str, int]:

@@ -1,8 +1,9 @@
 """Stand-ins on fake tensors for what has no fake-tensor implementation: bitsandbytes'
-8-bit and paged AdamW, its 4-bit (NF4) and 8-bit (LLM.int8) linear layers, and Liger's
-fused linear cross-entropy. Each makes the tensors its library makes, of the same sizes
-and lifetimes, as documented below; the rest of the step is traced as it runs. The
-worker runs the real libraries (CUDA); bench/truth/ checks these rules against them.
+8-bit and paged AdamW and its 4-bit (NF4) and 8-bit (LLM.int8) linear layers, torchao's
+low-bit AdamW, and Liger's fused linear cross-entropy. Each makes the tensors its library
+makes, of the same sizes and lifetimes, as documented below; the rest of the step is
+traced as it runs. The worker runs the real libraries; bench/truth/ checks these rules
+against them on a GPU host.
 
 - AdamW8bit (bitsandbytes' Optimizer2State.init_state): per parameter of at least
   4096 elements, two uint8 moments (2 bytes per element) and two float32 absmax per
@@ -11,6 +12,16 @@ worker runs the real libraries (CUDA); bench/truth/ checks these rules against t
 - Paged (``is_paged``): each moment of at least 100,000 elements lives in CUDA managed
   memory (``cudaMallocManaged``): the caching allocator does not count it, and the driver
   pages it to the host when the GPU runs short. It is reported apart, never in the peak.
+- torchao's AdamW8bit, AdamW4bit and AdamWFp8 (torchao.optim 0.18, ``_AdamBase._new_buffer``
+  and the ``OptimState*.zeros`` of subclass_8bit/4bit/fp8.py): per parameter a float32
+  ``step`` scalar (on the host: ``torch.tensor(0.0)``) and two moments. A parameter of at
+  least 4096 elements whose count divides by the block (256 for 8-bit and FP8, 128 for
+  4-bit) keeps each moment as codes (uint8 one per element; 4-bit: uint8 one per two
+  elements; FP8: float8_e4m3fn one per element), a float32 scale per block and, for 8- and
+  4-bit, its own float32 quantization map (256 and 16 entries; FP8 has none); any other
+  parameter keeps two plain moments in its own dtype. Each group's lr is a float32 scalar.
+  The update is a torch.compile'd function per parameter (fake tensors cannot compile):
+  here it writes in place, its fused kernels' buffers are not predicted.
 - NF4 (Linear4bit): the weight packed two per byte; an absmax per 64 elements (float32,
   or with double quantisation uint8 plus a float32 per 256 of them, a 256-entry code and
   a float32 offset); a 16-entry code per layer. Forward and backward each dequantize the
@@ -75,6 +86,49 @@ class BnbAdamWRule(torch.optim.Optimizer):
                     blocks = math.ceil(p.numel() / BNB_OPTIM_BLOCK)
                     state["absmax1"] = torch.zeros(blocks, device=p.device)
                     state["absmax2"] = torch.zeros(blocks, device=p.device)
+
+
+# torchao.optim's blocks (its defaults) and what a moment's codes hold per element.
+TORCHAO_BLOCK = {"torchao-adamw-8bit": 256, "torchao-adamw-4bit": 128, "torchao-adamw-fp8": 256}
+TORCHAO_MIN_QUANTIZED = 4096
+TORCHAO_QMAP = {"torchao-adamw-8bit": 256, "torchao-adamw-4bit": 16, "torchao-adamw-fp8": 0}
+
+
+class TorchaoAdamWRule(torch.optim.Optimizer):
+    """torchao's low-bit AdamW as its state's bytes (see the module's docstring)."""
+
+    def __init__(self, params: Iterable[torch.Tensor], name: str) -> None:
+        super().__init__(params, {"lr": 1e-4})
+        self.name = name
+        for group in self.param_groups:  # torchao keeps each group's lr as a tensor
+            group["lr"] = torch.tensor(group["lr"], dtype=torch.float32)
+
+    def _moment(self, p: torch.Tensor) -> dict[str, torch.Tensor]:
+        block, n = TORCHAO_BLOCK[self.name], p.numel()
+        if n < TORCHAO_MIN_QUANTIZED or n % block:
+            return {"": torch.zeros_like(p)}
+        if self.name == "torchao-adamw-4bit":
+            codes = torch.zeros(n // 2, dtype=torch.uint8, device=p.device)
+        elif self.name == "torchao-adamw-fp8":
+            codes = torch.zeros(p.shape, dtype=torch.float8_e4m3fn, device=p.device)
+        else:
+            codes = torch.zeros(p.shape, dtype=torch.uint8, device=p.device)
+        out = {".codes": codes, ".scale": torch.zeros(n // block, device=p.device)}
+        if TORCHAO_QMAP[self.name]:
+            out[".qmap"] = torch.zeros(TORCHAO_QMAP[self.name], device=p.device)
+        return out
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is None or self.state[p]:
+                    continue  # the update itself is in place
+                state = self.state[p]
+                state["step"] = torch.tensor(0.0)
+                for name in ("exp_avg", "exp_avg_sq"):
+                    for part, t in self._moment(p).items():
+                        state[name + part] = t
 
 
 # -- quantized linear layers ---------------------------------------------------------------

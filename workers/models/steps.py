@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from workers.models import parallel
+from workers.models import finetune, parallel
 from workers.models.build import Built
-from workers.models.tally import OTHER, Peak, Tally
+from workers.models.tally import OTHER, Peak, Tally, identities
 
 Phase = Callable[[str], AbstractContextManager[Any]]
 # A phase's start in ``Peak.phases`` (``backward@start``): a moment the predictor extends
@@ -181,12 +181,15 @@ def tally_step(
     block: int,
     around: AbstractContextManager[Any] | None = None,
     log: Any = None,
+    recorded: bool = False,
 ) -> Peak:
     """One more step under the category tally (workers/models/tally.py): what held memory
     at its peak. What exists before it (parameters, optimizer state, inputs, buffers) is
     counted from the start; ``around`` wraps the step (the predictor's CUDA semantics);
-    ``log``, an allocation log (workers/models/alloc_log.py), records it too."""
-    tally = Tally(block)
+    ``log``, an allocation log (workers/models/alloc_log.py), records it too; with
+    ``recorded``, the peak carries the tally's record and its storages' categories by
+    their names in it (to replay the step at another batch, workers/models/families.py)."""
+    tally = Tally(block, recorded)
     tally.adopt([*built.parameters(), *built.optimizer_state(), *built.inputs.values()])
     tally.adopt(built.held)
     tally.adopt(built.model.buffers())
@@ -197,6 +200,7 @@ def tally_step(
     with contextlib.ExitStack() as stack:
         stack.enter_context(around or contextlib.nullcontext())
         stack.enter_context(tally)
+        stack.enter_context(finetune.step_untallied(built.optimizer))
         if built.params.parallel is not None:
             stack.enter_context(parallel.storage_watched(tally))
         phase: Phase = tally.during
@@ -204,14 +208,24 @@ def tally_step(
             stack.enter_context(log)
             phase = _both(tally.during, log.during)
         run_step(built, phase)
-    state = (built.parameters(), built.gradients(), built.optimizer_state())
-    peak = tally.categorize(*state)
-    peak.phases = {
-        name: tally.categorize(*state, phase=name).categories
+    by_identity = identities(built.parameters(), built.gradients(), built.optimizer_state())
+    peak = tally.categorize_by(by_identity)
+    peak.phases = phases_of(tally, by_identity)
+    record, tally.record = tally.record, None  # what ends from here is not the step's
+    if record is not None:
+        peak.record, peak.identities = record, record.named(by_identity)
+    return peak
+
+
+def phases_of(tally: Tally, by_identity: dict[int, str]) -> dict[str, dict[str, int]]:
+    """Each phase's own peak by category, and its start's (``START``)."""
+    phases = {
+        name: tally.categorize_by(by_identity, phase=name).categories
         for name in tally.phase_peaks
         if name != OTHER
     }
     for name in tally.phase_starts:
         if name != OTHER:
-            peak.phases[name + START] = tally.categorize(*state, phase=name, start=True).categories
-    return peak
+            start = tally.categorize_by(by_identity, phase=name, start=True)
+            phases[name + START] = start.categories
+    return phases

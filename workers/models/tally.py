@@ -57,6 +57,9 @@ class Peak:
     phase: str  # the phase in which the peak came
     # Each phase's own peak by category (filled by steps.tally_step).
     phases: dict[str, dict[str, int]] = field(default_factory=dict)
+    # A recorded tally's record, and the storages' categories by their names in it.
+    record: Record | None = None
+    identities: dict[int, str] = field(default_factory=dict)
 
 
 def rounded(nbytes: int, block: int) -> int:
@@ -83,9 +86,12 @@ class Tally(PhasedMode):
     """Count live storages while a step runs. ``block``: the allocator's rounding (512 on
     CUDA, 1 on the CPU)."""
 
-    def __init__(self, block: int = 1) -> None:
+    def __init__(self, block: int = 1, recorded: bool = False) -> None:
         super().__init__()
         self.block = block
+        # With ``recorded``, what the tally saw, in order (``Record``): the step's births
+        # (their sizes apart), ends, peak checks and phases, to be replayed at other sizes.
+        self.record: Record | None = Record() if recorded else None
         self._lives: dict[int, _Life] = {}  # the live storages, by identity
         self._ended: list[_Life] = []
         self._keep: list[Any] = []  # the weak references, alive until the tally is
@@ -108,6 +114,8 @@ class Tally(PhasedMode):
 
     @contextmanager
     def during(self, phase: str) -> Iterator[None]:
+        if self.record is not None:
+            self.record.steps.append((ENTER, 0, phase))
         self._starting, self._entered_at = True, self.seq
         self._given, self._given_limit = 0, self.live // START_GIVEN
         try:
@@ -115,6 +123,8 @@ class Tally(PhasedMode):
                 yield
         finally:
             self._starting = False
+            if self.record is not None:
+                self.record.steps.append((LEAVE, 0, ""))
 
     # -- what the step does --------------------------------------------------------------
 
@@ -136,6 +146,8 @@ class Tally(PhasedMode):
         """A storage given back or taken again in place (``resize_``, as FSDP frees and
         re-gathers its unsharded parameters): its old life ends, a new one of its new size
         starts (``category``: what it holds)."""
+        if self.record is not None:  # a storage that changes size is not replayed
+            self.record.replayable = False
         storage = _local(t).untyped_storage()
         key = storage._cdata
         self._end(key)
@@ -159,16 +171,12 @@ class Tally(PhasedMode):
     ) -> Peak:
         """What was alive at the peak (or at ``phase``'s own peak, or with ``start`` at its
         start), by category (identities read after the step)."""
-        by_identity: dict[int, str] = {}
-        for category, tensors in (
-            (Category.OPTIMIZER_STATE, optimizer_state),
-            (Category.GRADIENTS, gradients),
-            (Category.PARAMETERS, parameters),
-        ):
-            for t in tensors:
-                key = _key(t)
-                if key is not None:
-                    by_identity[key] = str(category)
+        return self.categorize_by(identities(parameters, gradients, optimizer_state), phase, start)
+
+    def categorize_by(
+        self, by_identity: dict[int, str], phase: str | None = None, start: bool = False
+    ) -> Peak:
+        """``categorize`` with the storages' categories given by identity."""
         totals = {str(c): 0 for c in Category if c != Category.UNKNOWN}
         if phase is None:
             peak, at_peak = self.peak, self.peak_seq
@@ -205,12 +213,16 @@ class Tally(PhasedMode):
         key = storage._cdata
         if key in self._lives:
             return
-        size = rounded(storage.nbytes(), self.block)
-        self.seq += 1
-        life = _Life(size, phase, self.seq)
-        self._lives[key] = life
-        self.live += size
+        self._born(key, storage.nbytes(), phase)
         self._watch(storage, key)
+
+    def _born(self, key: int, nbytes: int, phase: str) -> None:
+        if self.record is not None:
+            self.record.born(key, nbytes, phase)
+        size = rounded(nbytes, self.block)
+        self.seq += 1
+        self._lives[key] = _Life(size, phase, self.seq)
+        self.live += size
 
     def _watch(self, storage: Any, key: int) -> None:
         if key not in self._watched:
@@ -228,6 +240,8 @@ class Tally(PhasedMode):
         """The life of the storage at ``key`` ends here (if it is live)."""
         life = self._lives.pop(key, None)
         if life is not None:
+            if self.record is not None:
+                self.record.ended(key)
             if life.born <= self._entered_at:  # made before this phase
                 self._given += life.size
                 if self._given > self._given_limit:  # its start is over
@@ -238,12 +252,82 @@ class Tally(PhasedMode):
             self.live -= life.size
 
     def _maybe_peak(self) -> None:
+        if self.record is not None:
+            self.record.steps.append((PEAK, 0, ""))
         if self._starting and self.live > self.phase_starts.get(self.phase, (-1, 0))[0]:
             self.phase_starts[self.phase] = (self.live, self.seq)
         if self.live > self.phase_peaks.get(self.phase, (-1, 0))[0]:
             self.phase_peaks[self.phase] = (self.live, self.seq)
             if self.live > self.peak:
                 self.peak, self.peak_seq, self.peak_phase = self.live, self.seq, self.phase
+
+
+def identities(
+    parameters: Iterable[torch.Tensor],
+    gradients: Iterable[torch.Tensor],
+    optimizer_state: Iterable[torch.Tensor],
+) -> dict[int, str]:
+    """The category of each storage these hold, by its identity (a storage in several
+    is the first category's: optimizer state, gradients, parameters)."""
+    by_identity: dict[int, str] = {}
+    for category, tensors in (
+        (Category.OPTIMIZER_STATE, optimizer_state),
+        (Category.GRADIENTS, gradients),
+        (Category.PARAMETERS, parameters),
+    ):
+        for t in tensors:
+            key = _key(t)
+            if key is not None:
+                by_identity[key] = str(category)
+    return by_identity
+
+
+# What a recorded tally saw, step by step: (what, which storage, its phase).
+BORN, END, PEAK, ENTER, LEAVE = range(5)
+
+
+@dataclass
+class Record:
+    """A tally's steps, replayable (``replayed``) with each birth's size given anew: a
+    storage is named by the order of its birth (its address is another run's next), and
+    the sizes, in birth order, are kept apart from the steps."""
+
+    steps: list[tuple[int, int, str]] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    replayable: bool = True
+    _names: dict[int, int] = field(default_factory=dict)  # live address -> name
+
+    def born(self, key: int, nbytes: int, phase: str) -> None:
+        name = len(self.sizes)
+        self._names[key] = name
+        self.sizes.append(nbytes)
+        self.steps.append((BORN, name, phase))
+
+    def ended(self, key: int) -> None:
+        self.steps.append((END, self._names.pop(key), ""))
+
+    def named(self, by_identity: dict[int, str]) -> dict[int, str]:
+        """``by_identity``'s live storages by their names in this record."""
+        return {self._names[k]: c for k, c in by_identity.items() if k in self._names}
+
+
+def replayed(steps: list[tuple[int, int, str]], sizes: list[int], block: int) -> Tally:
+    """A tally that saw ``steps`` with these births' sizes (storages named as recorded)."""
+    tally = Tally(block)
+    phases: list[Any] = []
+    for what, name, phase in steps:
+        if what == BORN:
+            tally._born(name, sizes[name], phase)
+        elif what == END:
+            tally._end(name)
+        elif what == PEAK:
+            tally._maybe_peak()
+        elif what == ENTER:
+            phases.append(tally.during(phase))
+            phases[-1].__enter__()
+        else:
+            phases.pop().__exit__(None, None, None)
+    return tally
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,7 @@ _IMPLS = {
     "adafactor": ("default", "for-loop", "foreach"),
     "transformers-adafactor": ("default",),
     **{name: ("default",) for name in finetune.CUDA_OPTIMIZERS},
+    **{name: ("default",) for name in finetune.TORCHAO_OPTIMIZERS},
 }
 # Config names that bound the sequence length, by what transformers calls them.
 _POSITION_KEYS = ("n_positions", "max_position_embeddings")
