@@ -44,7 +44,7 @@ FSDP_COST = (
     "gradients reduce-scattered: slower over PCIe than NVLink"
 )
 QLORA_ABOVE_LORA = (
-    "peaks above LoRA here: prepare_model_for_kbit_training keeps the layers it does not "
+    "QLoRA peaks above LoRA here: prepare_model_for_kbit_training keeps the layers it does not "
     "quantize in float32, so the step's activations are float32 (twice bf16's), and "
     "float32 attention over grouped-query heads takes CUDA's math kernel, which holds "
     "the whole seq x seq scores; the 4-bit base saves less than that costs at this "

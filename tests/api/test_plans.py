@@ -219,7 +219,7 @@ def test_qlora_above_lora_says_why(
     from vramlab.commands.plans import show_ways
 
     show_ways(r.json()["ways"][0])
-    assert f"  {qlora['rank']}: peaks above LoRA here" in capsys.readouterr().out
+    assert f"  {qlora['rank']}: QLoRA peaks above LoRA here" in capsys.readouterr().out
 
 
 def test_a_distributed_variant_is_answered_per_rank_with_its_gpus(
