@@ -107,7 +107,7 @@ def run_experiment(
         details["sections"] = sections.records()
     model_report.finish(result, details, sections.records())
     if body.error is None and result.get("model"):
-        body.error = limits.past_capacity(spec, result["model"]["peak_allocated"])
+        body.error = limits.past_capacity(spec, result["model"])
     if details:
         result["details"] = details
     err = body.error

@@ -107,19 +107,34 @@ def capacity_of(spec: RunSpec) -> int | None:
     return value if value is not None and value > 0 else None
 
 
-def past_capacity(spec: RunSpec, peak: int) -> dict[str, Any] | None:
+def past_capacity(spec: RunSpec, model: dict[str, Any]) -> dict[str, Any] | None:
     """On the CPU the emulated card is judged after the run: a peak past it is an ``oom``
-    (the run itself is held only by the service's cap, to keep the host safe)."""
+    (the run itself is held only by the service's cap, to keep the host safe). A
+    distributed run's card is every rank's: the first rank past it is named."""
     capacity = capacity_of(spec)
-    if capacity is None or peak <= capacity or spec.device != "cpu":
+    if capacity is None or spec.device != "cpu":
         return None
+    ranks = model.get("ranks") or []
+    over = [r for r in ranks if r["peak_allocated"] > capacity]
+    if (ranks and not over) or (not ranks and model["peak_allocated"] <= capacity):
+        return None
+    peak = over[0]["peak_allocated"] if over else model["peak_allocated"]
+    what = "the step"
+    details: dict[str, Any] = {"capacity_bytes": capacity, "peak_allocated": peak}
+    if over:
+        what = f"rank {over[0]['rank']} of {len(ranks)}'s step"
+        details.update(
+            rank=over[0]["rank"],
+            ranks_over=[r["rank"] for r in over],
+            rank_peaks=[r["peak_allocated"] for r in ranks],
+        )
     return {
         "type": ErrorType.OOM.value,
-        "message": f"the step peaked at {human_bytes(peak)} ({peak} bytes); the emulated card "
+        "message": f"{what} peaked at {human_bytes(peak)} ({peak} bytes); the emulated card "
         f"holds {human_bytes(capacity)} (capacity_bytes {capacity}), so it would not fit",
         "hint": "on the CPU the emulated card is checked against the measured peak after "
-        "the run; on CUDA the allocator itself is capped",
-        "details": {"capacity_bytes": capacity, "peak_allocated": peak, "emulated": True},
+        "the run (each rank's, in a distributed run); on CUDA the allocator itself is capped",
+        "details": {**details, "emulated": True},
     }
 
 
@@ -157,7 +172,23 @@ def explain(exc: BaseException, spec: RunSpec) -> dict[str, Any] | None:
         "device": str(device),
         "pytorch_message": message[:2000],
     }
-    if isinstance(exc, torch.OutOfMemoryError) and limit.cuda:
+    rank = getattr(exc, "rank", None)  # a distributed run's (workers/models/ranks.py)
+    if isinstance(exc, torch.OutOfMemoryError) and limit.cuda and rank is not None:
+        # Read in the rank's own process as it failed: this child holds none of its memory.
+        free, reserved = getattr(exc, "free_bytes", None), getattr(exc, "reserved_bytes", None)
+        if requested is not None and free is not None and requested > free:
+            return None  # the device itself is full: a real out-of-memory
+        details.update(
+            mechanism="cuda_memory_fraction",
+            reserved_bytes=reserved,
+            rank=rank,
+            device=getattr(exc, "device", None),
+        )
+        where = (
+            f"on rank {rank} of {getattr(exc, 'gpus', '?')} ({details['device']}), with "
+            f"{human_bytes(reserved or 0)} reserved by its caching allocator"
+        )
+    elif isinstance(exc, torch.OutOfMemoryError) and limit.cuda:
         gpu = _GPU.search(message)
         index = int(gpu.group(1)) if gpu else device.index if device.index is not None else 0
         free, _ = torch.cuda.mem_get_info(index)

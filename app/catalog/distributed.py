@@ -103,7 +103,6 @@ def check(params: Mapping[str, Any], kind: str, device: str | None) -> None:
     refused = {
         "quantization": "a bitsandbytes-quantized base is not sharded or replicated here",
         "peft": "LoRA across GPUs is not measured yet",
-        "capacity_bytes": "an emulated card is per process; not yet per rank",
     }
     for key, why in refused.items():
         if params.get(key) is not None:

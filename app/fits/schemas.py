@@ -66,6 +66,11 @@ class FitTrial(BaseModel):
     peak_reserved: int | None = None
     predicted_peak_allocated: int | None = None
     error_type: str | None = None
+    rank: int | None = Field(
+        default=None,
+        description="a distributed trial's rank whose peak this is: the highest rank's, or "
+        "the rank that ran out of memory (null: one process)",
+    )
 
 
 class PredictedPoint(BaseModel):

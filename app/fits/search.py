@@ -8,6 +8,11 @@ from it (+1, +2, +4, ... above a success; -1, -2, -4, ... below an OOM) until a 
 that fits and one that runs out of memory bracket the answer, then bisection until
 they are neighbours. A trial that fails for any other reason stops its variant.
 
+A distributed spec (``params.distributed``) is searched the same way, over the batch per
+GPU: the capacity is every rank's card, a trial fits when every rank's peak does (on the
+CPU each rank's measured peak is judged; on CUDA each rank's allocator is capped), and the
+prediction is judged by its highest rank (``highest_rank``).
+
 Everything here is a pure function of a variant's stored state and its trials'
 outcomes, so a step that is lost (a crash, a compare-and-set that lost) is simply
 taken again (``app.fits.engine``).
@@ -114,7 +119,7 @@ def predict(attempt: Try, step: int, upper: int) -> dict[str, Any]:
             return False
         # What the capped allocator reserves (fragmentation included) decides; a
         # prediction without it falls back on what the step allocates.
-        predicted = accepted.prediction
+        predicted = highest_rank(accepted.prediction)
         peak = predicted.get("peak_reserved") or predicted.get("peak_allocated")
         if peak is None:
             return None
@@ -146,6 +151,15 @@ def predict(attempt: Try, step: int, upper: int) -> dict[str, Any]:
         lo, hi = (mid, hi) if answer else (lo, mid)
     out["predicted_max_fitting"] = lo * step
     return out
+
+
+def highest_rank(prediction: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The figures a value fits by: a distributed spec's highest rank (every rank must
+    fit its card), else the prediction's own."""
+    ranks = prediction.get("ranks") or []
+    if not ranks:
+        return prediction
+    return max(ranks, key=lambda r: r.get("peak_reserved") or r.get("peak_allocated") or 0)
 
 
 def none_fits(variant: Mapping[str, Any], vary: str, step: int) -> str:

@@ -39,15 +39,22 @@ def _refused(field: str, exc: InvalidSpec) -> InvalidSpec:
     return InvalidSpec(f"{field}.{detail['field']}", detail["message"])
 
 
-def gpu_capacity(session: Session, gpu_name: str, now: datetime, live_seconds: float) -> int | None:
-    """The memory of the smallest live worker's GPU whose name contains ``gpu_name`` (a
-    fit measures on one: a worker that registered once and is gone runs no trial)."""
-    sizes = [
-        int(g.get("total_memory") or 0)
-        for caps in live_workers.capabilities(session, now, live_seconds)
-        for g in (caps.get("gpus") or [])
-        if gpu_name.lower() in str(g.get("name", "")).lower()
-    ]
+def gpu_capacity(
+    session: Session, gpu_name: str, now: datetime, live_seconds: float, count: int = 1
+) -> int | None:
+    """The memory of the smallest live worker's GPU whose name contains ``gpu_name``, on
+    a worker with at least ``count`` of them (a fit measures on one, all N ranks of a
+    distributed trial on one host; a worker that registered once and is gone runs no
+    trial)."""
+    sizes = []
+    for caps in live_workers.capabilities(session, now, live_seconds):
+        named = [
+            int(g.get("total_memory") or 0)
+            for g in (caps.get("gpus") or [])
+            if gpu_name.lower() in str(g.get("name", "")).lower()
+        ]
+        if len(named) >= count:
+            sizes += named
     sizes = [s for s in sizes if s > 0]
     return min(sizes) if sizes else None
 
@@ -62,24 +69,13 @@ def plan_command(raw: dict[str, Any], gpu: str) -> str:
     return " ".join([*words, f'--gpu "{gpu}"'])
 
 
-def _across_gpus(raw: dict[str, Any], body: FitIn, gpu: str | None) -> None:
-    """A fit measures each value under an emulated card (``capacity_bytes``), which a run
-    across GPUs cannot take yet (every rank is its own process): refused with the plan
-    that predicts it now, the fewest GPUs that fit and the largest batch per GPU."""
-    where = [("spec.params.distributed", raw["params"])] + [
-        (f"variants[{i}].distributed", v) for i, v in enumerate(body.variants)
-    ]
-    for field, params in where:
-        if params.get("distributed") is not None:
-            command = plan_command(raw, gpu or "H100")
-            raise InvalidSpec(
-                field,
-                "a fit measures each value on an emulated card (capacity_bytes), which a "
-                "run across GPUs cannot take yet (each rank is its own process): no fit "
-                "searches the GPUs or the batch per GPU. A plan predicts both now, with no "
-                f"worker: {command} ranks FSDP2 on the fewest of 2, 4 or 8 GPUs that fit, "
-                "and POST /v1/plans with this spec predicts its largest batch per GPU",
-            )
+def most_gpus(base: dict[str, Any], variants: list[dict[str, Any]]) -> int:
+    """The most GPUs one trial of the fit takes (1: none is distributed): the spec's
+    ``distributed.gpus``, or a variant's that replaces it."""
+    given = base.get("distributed")
+    plans = [given, *(v.get("distributed", given) for v in variants)]
+    gpus = [p.get("gpus") for p in plans if isinstance(p, dict)]
+    return max([1, *(n for n in gpus if isinstance(n, int))])
 
 
 def with_hub_config(body: FitIn, settings: Settings) -> FitIn:
@@ -117,7 +113,6 @@ def plan(
             "counters do not see and a capacity cannot bound: fit searches refuse it",
         )
     gpu = body.requirements.gpu_name
-    _across_gpus(raw, body, gpu)
     on_cpu = str(raw["device"]).startswith("cpu")
     if gpu is not None:
         if on_cpu:
@@ -142,11 +137,14 @@ def plan(
             "give capacity_bytes, or requirements.gpu_name to fit a live worker's GPU",
         )
     else:
-        found = gpu_capacity(session, gpu, now, settings.worker_live_seconds)
+        # A distributed trial runs its N ranks on N GPUs of one worker's host.
+        count = most_gpus(base.spec.params, body.variants)
+        found = gpu_capacity(session, gpu, now, settings.worker_live_seconds, count)
         if found is None:
+            which = "a GPU" if count == 1 else f"{count} GPUs (one a rank)"
             raise InvalidSpec(
                 "requirements.gpu_name",
-                f"no live worker has a GPU whose name contains {gpu!r}: a fit measures "
+                f"no live worker has {which} whose name contains {gpu!r}: a fit measures "
                 f"on one. A plan predicts it now, with no worker: {plan_command(raw, gpu)} "
                 "(POST /v1/plans); or give capacity_bytes to measure on an emulated card",
             )
@@ -218,6 +216,20 @@ def _model_figure(exp: Experiment, name: str) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
+def _rank(exp: Experiment) -> int | None:
+    """A distributed trial's rank: the one out of memory, else the highest one."""
+    named = (exp.error_details or {}).get("rank")
+    if isinstance(named, int):
+        return named
+    data = exp.result.data if exp.result is not None else None
+    ranks = ((data or {}).get("model") or {}).get("ranks") or []
+    if not ranks:
+        return None
+    top = max(ranks, key=lambda r: (r.get("peak_allocated") or 0, -r.get("rank", 0)))
+    rank = top.get("rank")
+    return rank if isinstance(rank, int) else None
+
+
 def _trial(t: dict[str, Any], exp: Experiment | None) -> FitTrial:
     if exp is None:
         return FitTrial(
@@ -228,6 +240,7 @@ def _trial(t: dict[str, Any], exp: Experiment | None) -> FitTrial:
         )
     predicted = (exp.prediction or {}).get("peak_allocated")
     return FitTrial(
+        rank=_rank(exp),
         value=t["value"],
         status=Status(exp.status),
         experiment_id=exp.id,

@@ -39,7 +39,6 @@ FSDP4 = {"strategy": "fsdp", "gpus": 4}
             {"distributed": {"strategy": "fsdp", "gpus": 2, "offload_optimizer": True}},
             "params.distributed.offload_optimizer",
         ),
-        ({"distributed": DDP2, "capacity_bytes": 2**30}, "params.capacity_bytes"),
     ],
 )
 def test_distributed_specs_that_make_no_sense_name_their_field(

@@ -303,26 +303,34 @@ def test_a_fit_for_a_gpu_no_worker_has_points_to_the_plan_that_answers_now(
     assert 'vramlab plan gpt2 --batch 16 --seq 1024 --gpu "RTX 4090"' in message
 
 
-@pytest.mark.parametrize("where", ["spec", "variant"])
-def test_a_fit_across_gpus_is_refused_with_the_plan_that_predicts_the_fewest(
-    client: httpx.Client, where: str
+def test_a_fit_across_gpus_for_a_named_gpu_needs_a_live_worker_with_that_many(
+    database_url: str,
 ) -> None:
-    # A fit's trials run under an emulated card per process; N ranks cannot take one yet.
-    fsdp = {"distributed": {"strategy": "fsdp", "gpus": 4}}
-    params = {"model": "gpt2", "batch_size": 16, "seq_len": 1024}
-    body: dict[str, Any] = {"capacity_bytes": 24 * GiB}
-    if where == "spec":
-        body["spec"] = {"op": "model", "device": "cuda", "params": {**params, **fsdp}}
-    else:
-        body["spec"] = {"op": "model", "device": "cuda", "params": params}
-        body["variants"] = [{}, fsdp]
-    r = client.post("/v1/fits", json=body)
-    assert r.status_code == 422, r.text
-    detail = r.json()["error"]["details"][0]
-    field = "spec.params.distributed" if where == "spec" else "variants[1].distributed"
-    assert detail["field"] == field
-    assert "vramlab plan gpt2 --batch 16 --seq 1024" in detail["message"]
-    assert "fewest of 2, 4 or 8 GPUs" in detail["message"]
+    # A distributed trial runs its N ranks on N GPUs of one host: a worker with one H100
+    # runs none, so the fit is refused with the plan that answers now; a worker with two
+    # gives the capacity, one H100's memory (each rank's card).
+    settings = make_settings(database_url, max_experiment_bytes=128 * GiB)
+    fsdp = {"strategy": "fsdp", "gpus": 2}
+    params = {"model": "tiny-gpt2", "batch_size": 4, "seq_len": 32, "distributed": fsdp}
+    body = {
+        "spec": {"op": "model", "params": params},
+        "requirements": {"gpu_name": "H100"},
+        "max_value": 8,
+    }
+    two_gpus = {**CUDA_CAPS, "gpus": [{**CUDA_CAPS["gpus"][0], "index": i} for i in (0, 1)]}
+    with LiveServer(settings) as live, httpx.Client(base_url=live.url) as client:
+        register(client, CUDA_CAPS)
+        one = client.post("/v1/fits", json=body)
+        register(client, two_gpus)
+        two = client.post("/v1/fits", json=body)
+    assert one.status_code == 422, one.text
+    detail = one.json()["error"]["details"][0]
+    assert detail["field"] == "requirements.gpu_name"
+    assert "no live worker has 2 GPUs (one a rank)" in detail["message"]
+    assert 'vramlab plan tiny-gpt2 --batch 4 --seq 32 --gpu "H100"' in detail["message"]
+    assert two.status_code == 202, two.text
+    assert two.json()["capacity_bytes"] == 80 * GiB
+    assert two.json()["capacity_source"] == "gpu H100"
 
 
 def test_a_fit_for_the_gpu_of_a_worker_that_is_gone_points_to_the_plan(

@@ -270,3 +270,79 @@ def _named_gpus(client: httpx.Client) -> None:
     )
     assert r.status_code == 202 and r.json()["capacity_source"] == "capacity_bytes"
     client.post(f"/v1/fits/{r.json()['id']}/cancel")
+
+
+# Two ranks under gloo, DDP of tiny-gpt2 at seq_len 256 (dropout off, as CAPACITY's spec is
+# measured): each rank peaked at 17,205,416 and 24,363,176 bytes at a batch per GPU of 2
+# and 3 (measured once on a busy 2-core host). The capacity sits midway: gloo's own buffers,
+# which move a rank's peak by up to one gradient bucket (0.7 MiB here), cannot cross it.
+DDP_CAPACITY = 20_784_000
+DDP_SPEC = {
+    "op": "model",
+    "shape": [],
+    "device": "cpu",
+    "params": {
+        "model": "tiny-gpt2",
+        "seq_len": 256,
+        "dropout": 0.0,
+        "distributed": {"strategy": "ddp", "gpus": 2},
+    },
+}
+
+
+def test_a_fit_across_gpus_finds_the_batch_per_gpu_that_every_rank_fits(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The search varies the batch per GPU; a trial is N ranks under one emulated card
+    each, and fits when every rank's measured peak does. The edge found is the one the
+    trials' own per-rank figures give."""
+    body = {"spec": DDP_SPEC, "capacity_bytes": DDP_CAPACITY, "max_value": 4}
+    with LiveServer(settings(database_url)) as live:
+        worker = start(
+            ["worker", "--api", live.url, "--device", "cpu", "--name", "ranks"],
+            {**os.environ, "PYTHONUNBUFFERED": "1"},
+            tmp_path / "worker.log",
+        )
+        try:
+            with httpx.Client(base_url=live.url, timeout=60) as client:
+                made = client.post("/v1/fits", json=body)
+                assert made.status_code == 202, made.text
+                fit_id = made.json()["id"]
+
+                def ended() -> dict[str, Any] | None:
+                    fit: dict[str, Any] = client.get(f"/v1/fits/{fit_id}").json()
+                    return fit if fit["status"] not in ("queued", "running") else None
+
+                fit = wait_for(ended, 900)
+                trials = fit["variants"][0]["trials"]
+                runs = {
+                    t["value"]: client.get(f"/v1/experiments/{t['experiment_id']}").json()
+                    for t in trials
+                }
+        finally:
+            kill_group(worker)
+    (variant,) = fit["variants"]
+    assert fit["status"] == "succeeded", fit
+    assert variant["predicted_max_fitting"] is not None
+    # Each trial: succeeded exactly where every rank's peak is within the card, out of
+    # memory (naming a rank past it) where one is not.
+    fits = {}
+    for t in trials:
+        run = runs[t["value"]]
+        ranks = run["result"]["model"]["ranks"]
+        assert [r["rank"] for r in ranks] == [0, 1]
+        peaks = [r["peak_allocated"] for r in ranks]
+        assert len(run["prediction"]["ranks"]) == 2  # predicted per rank
+        fits[t["value"]] = max(peaks) <= DDP_CAPACITY
+        if fits[t["value"]]:
+            assert t["status"] == "succeeded", run["error"]
+            assert t["rank"] == peaks.index(max(peaks))
+        else:
+            assert t["status"] == "failed" and t["error_type"] == "oom"
+            named = run["error"]["details"]["rank"]
+            assert peaks[named] > DDP_CAPACITY and t["rank"] == named
+            assert run["error"]["message"].startswith(f"rank {named} of 2's step peaked")
+        assert t["peak_allocated"] == max(peaks)
+    best = variant["max_fitting"]
+    assert best == 2 and variant["first_failing"] == 3
+    assert fits[best] and not fits[best + 1]

@@ -69,6 +69,38 @@ def test_ddp_ranks_each_hold_a_whole_replica_and_its_buckets(
     assert predicted["categories"]["gradients"] == 2 * alone["gradient_bytes"]
 
 
+def test_an_emulated_card_is_every_ranks_and_a_rank_past_it_is_named(
+    runner: Runner, alone: dict[str, Any]
+) -> None:
+    """capacity_bytes is each rank's card: a DDP rank holds a whole replica and its
+    buckets, so one device's peak is under every rank's and the run is out of memory,
+    naming a rank the card did not hold; twice the highest rank's peak holds them all."""
+    ddp = {"strategy": "ddp", "gpus": 2}
+    capacity = alone["peak_allocated"]
+    spec = build_spec(
+        "model",
+        [],
+        {**GPT2, "distributed": ddp, "capacity_bytes": capacity},
+        warmup=0,
+        repeat=1,
+        timeout_s=240.0,
+    )
+    outcome = runner.run(spec)
+    assert outcome.status == "failed" and outcome.error is not None
+    assert outcome.error["type"] == "oom", outcome.error
+    assert outcome.result is not None  # the run's figures are kept, each rank's
+    ranks = outcome.result["model"]["ranks"]
+    details = outcome.error["details"]
+    over = [r["rank"] for r in ranks if r["peak_allocated"] > capacity]
+    assert details["ranks_over"] == over and details["rank"] == over[0]
+    assert details["rank_peaks"] == [r["peak_allocated"] for r in ranks]
+    assert details["capacity_bytes"] == capacity and details["emulated"] is True
+    assert outcome.error["message"].startswith(f"rank {over[0]} of 2's step peaked at")
+    roomy = 2 * max(details["rank_peaks"])
+    result = _run(runner, **GPT2, distributed=ddp, capacity_bytes=roomy)
+    assert all(r["peak_allocated"] <= roomy for r in result["model"]["ranks"])
+
+
 def test_fsdp_full_sharding_holds_half_of_everything_on_each_of_two_ranks(
     runner: Runner, alone: dict[str, Any]
 ) -> None:

@@ -10,7 +10,8 @@ steps as a single-device experiment does (workers/models/measured.py; on the CPU
 its own profiler). Each
 writes its figures, or its error, to a file the child reads. Out of memory on any rank is
 the experiment's answer: the child stops the other ranks and fails with ``oom`` naming
-the rank.
+the rank (``memory_limit`` where the service's cap stopped it). An emulated card
+(``capacity_bytes``) is every rank's: each rank's allocator is capped at it on CUDA.
 """
 
 from __future__ import annotations
@@ -32,8 +33,10 @@ import torch.distributed as dist
 from vramlab.runspec import Distributed, ModelParams
 from workers import limits
 
-# The service's byte cap a CUDA rank's allocator is held to (the child's own is per process;
-# on the CPU the ranks inherit its data limit).
+# What a CUDA rank's allocator is held to: the service's byte cap, or the emulated card
+# (params.capacity_bytes) where it binds first, the same on every rank (the child's own
+# limit is per process; on the CPU the ranks inherit its data limit, and the emulated card
+# is judged against each rank's measured peak after the run).
 CAP_ENV = "VRAMLAB_RANK_CAP_BYTES"
 # How long a rank waits on the others at a collective before giving up (a rank that
 # died leaves the rest waiting: the child stops them first, this is the backstop).
@@ -51,7 +54,7 @@ def run(params: ModelParams, device: torch.device) -> dict[str, Any]:
         # the ranks are interpreters of their own, started as the worker was.
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([_ROOT, *_pythonpath()])}
         limit = limits.active()
-        if limit is not None and device.type == "cuda":  # the service's cap, on each GPU
+        if limit is not None and device.type == "cuda":  # the same card on each GPU
             env[CAP_ENV] = str(limit.cap)
         procs = [
             subprocess.Popen(
@@ -102,6 +105,19 @@ def _read(path: Path) -> dict[str, Any]:
     return out
 
 
+class RankOutOfMemory(torch.OutOfMemoryError):
+    """Out of memory on one rank of a distributed run: which rank, on which device, and
+    (on CUDA) what its allocator reserved and what its device had free as it failed."""
+
+    def __init__(self, message: str, error: dict[str, Any], gpus: int) -> None:
+        super().__init__(message)
+        self.rank: int = error["rank"]
+        self.gpus = gpus
+        self.device: str = error["device"]
+        self.reserved_bytes: int | None = error.get("reserved_bytes")
+        self.free_bytes: int | None = error.get("free_bytes")
+
+
 def _failure(where: Path, plan: Distributed, codes: dict[int, int]) -> Exception:
     """The first rank's error as the experiment's: out of memory on any rank first."""
     errors = [
@@ -112,9 +128,11 @@ def _failure(where: Path, plan: Distributed, codes: dict[int, int]) -> Exception
     oom = [e for e in errors if e["oom"]]
     if oom:
         first = oom[0]
-        return torch.OutOfMemoryError(
+        return RankOutOfMemory(
             f"rank {first['rank']} of {plan.gpus} ({first['device']}) ran out of memory: "
-            f"{first['message']}"
+            f"{first['message']}",
+            first,
+            plan.gpus,
         )
     if errors:
         first = errors[0]
@@ -182,6 +200,9 @@ def _rank(rank: int, device_type: str, folder: str) -> None:
             "type": type(exc).__name__,
             "message": str(exc)[:2000],
         }
+        if oom and cuda:  # what the emulated card's judgement needs, read in this rank
+            error["reserved_bytes"] = torch.cuda.memory_reserved(device)
+            error["free_bytes"] = torch.cuda.mem_get_info(device)[0]
         (where / f"rank{rank}.error.json").write_text(json.dumps(error))
         raise
     finally:
