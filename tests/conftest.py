@@ -79,6 +79,25 @@ def fresh_database(engine: str, request: pytest.FixtureRequest, tmp_path: Path) 
     _pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test marked ``one_engine`` runs on the first test engine only: what it asks (a
+    prediction, a search's steps, a page) goes through the same SQLAlchemy code on both,
+    and each engine's own behaviour has tests of its own. The suite's time goes to what
+    differs."""
+    dropped = [item for item in items if _other_engine(item)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if not _other_engine(item)]
+
+
+def _other_engine(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    if callspec is None or item.get_closest_marker("one_engine") is None:
+        return False
+    engine = callspec.params.get("database_url")
+    return engine is not None and engine != ENGINES[0]
+
+
 @pytest.fixture(params=ENGINES)
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     yield from fresh_database(request.param, request, tmp_path)

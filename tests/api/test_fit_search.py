@@ -69,6 +69,7 @@ def run_by_rule(
         (16, [16, 17]),
     ],
 )
+@pytest.mark.one_engine
 def test_trials_gallop_from_the_prediction_then_bisect_to_the_edge(
     database_url: str, edge: int, tried: list[int]
 ) -> None:
@@ -112,6 +113,7 @@ def test_the_search_stops_at_max_value(database_url: str) -> None:
     assert variant["upper_bound"] == 3 and "upper bound" in variant["note"]
 
 
+@pytest.mark.one_engine
 def test_the_plot_draws_the_predicted_curve_before_any_trial(database_url: str) -> None:
     settings = make_settings(database_url, fit_check_seconds=0.5)
     with LiveServer(settings) as live, httpx.Client(base_url=live.url, timeout=60) as client:
@@ -152,6 +154,7 @@ def test_when_even_the_smallest_value_runs_out_of_memory_it_says_what_that_needs
     assert f"even 1 needs {needs}" in page
 
 
+@pytest.mark.one_engine
 def test_a_sequence_length_stops_at_the_models_positions(database_url: str) -> None:
     """tiny-gpt2 has 256 positions: a capacity it never fills ends the search there,
     with no first failing value and a note saying why."""
@@ -171,6 +174,7 @@ def test_a_sequence_length_stops_at_the_models_positions(database_url: str) -> N
     assert [t["value"] for t in variant["trials"]] == [256]
 
 
+@pytest.mark.one_engine
 @pytest.mark.slow
 def test_a_cuda_fit_is_predicted_on_what_the_allocator_reserves(database_url: str) -> None:
     """On CUDA the predicted edge is where the capped allocator's reserved peak passes the

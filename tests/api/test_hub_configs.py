@@ -228,6 +228,7 @@ def test_every_failed_fetch_is_a_clear_422_or_503(database_url: str, hub: FakeHu
         assert hub.count("missing") == 2
 
 
+@pytest.mark.one_engine
 def test_a_plan_of_a_hub_id_and_the_cli(
     database_url: str, hub: FakeHub, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -11,6 +11,8 @@ from tests.conftest import Clock, LiveServer, make_settings
 from tests.helpers import CUDA_CAPS, register
 
 pytest.importorskip("transformers")
+# Plans predict: the database only lists live workers' cards (tests/api/test_gpus* on both).
+pytestmark = pytest.mark.one_engine
 
 GiB = 2**30
 MiB = 2**20
@@ -192,7 +194,6 @@ def test_the_ways_to_fine_tune_are_ranked_for_each_card_with_what_they_train(
     assert all(s["trainable_parameters"] == full for s in plan["suggestions"])
 
 
-@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)  # a prediction's question
 def test_qlora_above_lora_says_why(
     client: httpx.Client, capsys: pytest.CaptureFixture[str]
 ) -> None:

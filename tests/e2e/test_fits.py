@@ -290,6 +290,7 @@ DDP_SPEC = {
 }
 
 
+@pytest.mark.one_engine
 def test_a_fit_across_gpus_finds_the_batch_per_gpu_that_every_rank_fits(
     database_url: str, tmp_path: Path
 ) -> None:
