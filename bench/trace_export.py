@@ -2,7 +2,7 @@
 worker protocol (PUT trace chunks, as a worker does), then read back in every format.
 
     python bench/trace_export.py [--events 1000000] [--chunk 50000] [--baseline DIR]
-        [--repeat N] [--format memory_viz ...]
+        [--repeat N] [--format memory_viz ...] [--stacks]
 
 Starts `vramlab serve` on a temporary SQLite file, registers as a worker, claims one
 experiment and uploads the trace in gzip NDJSON chunks, then streams `ndjson`,
@@ -21,7 +21,10 @@ chrome >= 20), saying so when it does not.
 to a revision DIR may not know) and streams each format from both in turn, `--repeat`
 times, so the two are measured side by side under the same load; it prints the
 baseline's time over ours for each format (the median of the repeats), and its MB/s and
-CPU. `--format` measures only the formats named.
+CPU. `--format` measures only the formats named. `--stacks` records the trace as a
+worker does with ``"trace": "stacks"``: every event carries its Python frames (a free
+its block's, as PyTorch's ``context="alloc"`` records them), from a few hundred distinct
+stacks.
 """
 
 import argparse
@@ -66,9 +69,25 @@ MEMORY_KEYS = [
 ]
 
 
-def synthetic(n: int, seed: int = 0) -> Iterator[dict[str, Any]]:
-    """A CUDA-like trace: segments, allocations of common sizes, frees in random order."""
+def _stacks(rnd: random.Random, n: int = 300) -> list[list[dict[str, Any]]]:
+    """Distinct Python stacks as the tracer writes them: innermost first, 8 to 24 deep."""
+    files = [f"/opt/venv/lib/python3.11/site-packages/torch/nn/modules/m{i}.py" for i in range(40)]
+    names = ["forward", "_call_impl", "_wrapped_call_impl", "linear", "train_step", "<module>"]
+    return [
+        [
+            {"filename": rnd.choice(files), "line": rnd.randint(1, 2000), "name": rnd.choice(names)}
+            for _ in range(rnd.randint(8, 24))
+        ]
+        for _ in range(n)
+    ]
+
+
+def synthetic(n: int, seed: int = 0, stacks: bool = False) -> Iterator[dict[str, Any]]:
+    """A CUDA-like trace: segments, allocations of common sizes, frees in random order;
+    with ``stacks``, every event's frames (a free's are its allocation's)."""
     rnd = random.Random(seed)
+    table = _stacks(random.Random(seed + 1)) if stacks else []
+    frames_of: dict[int, list[dict[str, Any]]] = {}
     live: list[tuple[int, int]] = []
     addr, t, seq = 0x7F0000000000, 0.0, 0
     while seq < n:
@@ -91,7 +110,7 @@ def synthetic(n: int, seed: int = 0) -> Iterator[dict[str, Any]]:
             if seq >= n:
                 break
             t += rnd.random() * 3
-            yield {
+            event: dict[str, Any] = {
                 "seq": seq,
                 "t_us": round(t, 3),
                 "action": action,
@@ -101,6 +120,13 @@ def synthetic(n: int, seed: int = 0) -> Iterator[dict[str, Any]]:
                 "stream": 0,
                 "phase": phase,
             }
+            if stacks:
+                if action in ("alloc", "segment_alloc"):
+                    frames_of[where] = rnd.choice(table)
+                event["frames"] = frames_of.get(where, [])
+                if action == "free_completed":
+                    frames_of.pop(where, None)
+            yield event
             seq += 1
 
 
@@ -143,6 +169,7 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=50_000)
     parser.add_argument("--baseline", type=Path, default=None, help="a vramlab checkout")
     parser.add_argument("--repeat", type=int, default=1, help="exports of each format")
+    parser.add_argument("--stacks", action="store_true", help="every event with its frames")
     parser.add_argument(
         "--format",
         action="append",
@@ -155,7 +182,7 @@ def main() -> None:
     with ExitStack() as stack:
         ours = stack.enter_context(_serve(ROOT, database, tmp / "api.log"))
         servers = {"ours": ours}
-        upload = _upload(*ours, args.events, args.chunk)
+        upload = _upload(*ours, args.events, args.chunk, args.stacks)
         if args.baseline is not None:
             # Ours migrated the database: the baseline may not know its newest revision.
             base = _serve(args.baseline.resolve(), database, tmp / "baseline.log", migrate=False)
@@ -207,7 +234,9 @@ class _serve:
         self.api.wait(timeout=60)
 
 
-def _upload(client: httpx.Client, pid: int, n_events: int, chunk: int) -> tuple[str, int]:
+def _upload(
+    client: httpx.Client, pid: int, n_events: int, chunk: int, stacks: bool = False
+) -> tuple[str, int]:
     """Queue, claim and upload the synthetic trace as a worker does: (experiment, bytes)."""
     client.post("/v1/experiments", json=SPEC).raise_for_status()
     reply = client.post(
@@ -218,7 +247,7 @@ def _upload(client: httpx.Client, pid: int, n_events: int, chunk: int) -> tuple[
         "/v1/worker/claim", json={"worker_id": reply.json()["worker_id"], "wait_s": 5}
     ).json()
     exp_id, token = claimed["id"], claimed["lease_token"]
-    events = synthetic(n_events)
+    events = synthetic(n_events, stacks=stacks)
     ndjson_bytes, upload_s, upload_cpu, seq = 0, 0.0, 0.0, 0
     api = psutil.Process(pid)
     while True:
@@ -251,7 +280,8 @@ def _upload(client: httpx.Client, pid: int, n_events: int, chunk: int) -> tuple[
         },
     ).raise_for_status()
     print(
-        f"\ntrace: {n_events:,} events, {ndjson_bytes / 1e6:.1f} MB of NDJSON in {seq} chunks; "
+        f"\ntrace: {n_events:,} events{' with stacks' if stacks else ''}, "
+        f"{ndjson_bytes / 1e6:.1f} MB of NDJSON in {seq} chunks; "
         f"uploaded in {upload_s:.1f} s of API time ({ndjson_bytes / 1e6 / upload_s:.1f} MB/s), "
         f"{upload_cpu:.2f} s of API CPU ({upload_cpu / seq * 1000:.0f} ms a chunk)"
     )
