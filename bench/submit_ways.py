@@ -135,7 +135,12 @@ def main() -> None:
     parser.add_argument("--engines", default="sqlite,postgres")
     parser.add_argument("--seconds", type=int, default=5)
     parser.add_argument("--connections", default="1,16,64")
+    parser.add_argument(
+        "--ways", default=None, help="comma-separated names of the ways to run (default: all)"
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="each way this many times")
     args = parser.parse_args()
+    chosen = [w for w in WAYS if args.ways is None or w.name in args.ways.split(",")]
     if shutil.which("wrk") is None:
         sys.exit("bench/submit_ways.py needs wrk (apt-get install wrk)")
     connections = tuple(int(c) for c in args.connections.split(","))
@@ -148,7 +153,7 @@ def main() -> None:
                 f"{'non-2xx':>8}  CPU ms a request (vramlab / bare)",
                 flush=True,
             )
-            for way in WAYS:
+            for way in [w for _ in range(args.repeat) for w in chosen]:
                 for c, got in measure(way, engine, connections, args.seconds, tmp).items():
                     v, b = got["vramlab"], got["bare"]
                     cpu = (
