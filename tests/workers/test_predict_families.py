@@ -68,3 +68,23 @@ def test_a_family_whose_traces_disagree_is_traced_every_time() -> None:
         _ask({**base, "batch_size": b})
     assert _ask({**base, "batch_size": 8}) == _fresh({**base, "batch_size": 8})
     assert FAMILIES.reused == 0
+
+
+def test_a_loss_whose_chunks_are_powers_of_two_is_traced_every_time() -> None:
+    # Liger's chunk is the next power of two of tokens / ceil(vocab / width): at batch 2,
+    # 4 and 8 the chunks lie on a line (128 of them each time), at 3 they do not (96 of
+    # 8 tokens, where the line says 128 of 6). The allocation log (a plan's edges) shows it.
+    def ask(batch: int) -> dict[str, Any]:
+        out = answer({"params": {**base, "batch_size": batch}, "device": "cuda", "log": True})
+        assert "error" not in out, out
+        out.pop("seconds")
+        return out
+
+    FAMILIES.clear()
+    base = {"model": "tiny-llama", "seq_len": 256, "loss": "liger", "config": {"vocab_size": 8192}}
+    for b in (2, 4, 8):
+        ask(b)
+    at_three = ask(3)
+    assert FAMILIES.reused == 0  # traced, not synthesized from the line
+    FAMILIES.clear()
+    assert at_three == ask(3)

@@ -192,6 +192,7 @@ def key_of(params: ModelParams, cuda: bool, logged: bool, blocks: int | None) ->
         or params.parallel is not None
         or params.micro_batches != 1
         or params.batch_size < SMALLEST
+        or params.loss == "liger"  # its chunk is a power of two of the tokens: not a line
     ):
         return None
     wire: dict[str, Any] = params.replace(batch_size=1).wire()
