@@ -51,7 +51,23 @@ NF4_BLOCK = 64
 NF4_DOUBLE_BLOCK = 256
 
 
-class BnbAdamWRule(torch.optim.Optimizer):
+class StateRule(torch.optim.Optimizer):
+    """An optimizer whose kernels fake tensors cannot run, as its state's bytes: the first
+    step makes each trained parameter's state (``make_state``); the update itself is in
+    place and holds nothing more."""
+
+    def make_state(self, p: torch.Tensor, state: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None and not self.state[p]:
+                    self.make_state(p, self.state[p])
+
+
+class BnbAdamWRule(StateRule):
     """bitsandbytes' AdamW (8- or 32-bit state, paged or not) as its bytes."""
 
     def __init__(self, params: Iterable[torch.Tensor], bits: int, paged: bool) -> None:
@@ -66,26 +82,20 @@ class BnbAdamWRule(torch.optim.Optimizer):
             return None  # managed memory: not the allocator's
         return torch.zeros_like(p, dtype=dtype)
 
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None or self.state[p]:
-                    continue  # the update itself is in place
-                state = self.state[p]
-                eight = self.bits == 8 and p.numel() >= BNB_MIN_8BIT
-                dtype = torch.uint8 if eight else torch.float32
-                for name in ("state1", "state2"):
-                    buffer = self._buffer(p, dtype)
-                    if buffer is not None:
-                        state[name] = buffer
-                if eight:
-                    if not self._qmaps:
-                        self._qmaps = [torch.zeros(256, device=p.device) for _ in range(2)]
-                    state["qmap1"], state["qmap2"] = self._qmaps
-                    blocks = math.ceil(p.numel() / BNB_OPTIM_BLOCK)
-                    state["absmax1"] = torch.zeros(blocks, device=p.device)
-                    state["absmax2"] = torch.zeros(blocks, device=p.device)
+    def make_state(self, p: torch.Tensor, state: dict[str, Any]) -> None:
+        eight = self.bits == 8 and p.numel() >= BNB_MIN_8BIT
+        dtype = torch.uint8 if eight else torch.float32
+        for name in ("state1", "state2"):
+            buffer = self._buffer(p, dtype)
+            if buffer is not None:
+                state[name] = buffer
+        if eight:
+            if not self._qmaps:
+                self._qmaps = [torch.zeros(256, device=p.device) for _ in range(2)]
+            state["qmap1"], state["qmap2"] = self._qmaps
+            blocks = math.ceil(p.numel() / BNB_OPTIM_BLOCK)
+            state["absmax1"] = torch.zeros(blocks, device=p.device)
+            state["absmax2"] = torch.zeros(blocks, device=p.device)
 
 
 # torchao.optim's blocks (its defaults) and what a moment's codes hold per element.
@@ -94,7 +104,7 @@ TORCHAO_MIN_QUANTIZED = 4096
 TORCHAO_QMAP = {"torchao-adamw-8bit": 256, "torchao-adamw-4bit": 16, "torchao-adamw-fp8": 0}
 
 
-class TorchaoAdamWRule(torch.optim.Optimizer):
+class TorchaoAdamWRule(StateRule):
     """torchao's low-bit AdamW as its state's bytes (see the module's docstring)."""
 
     def __init__(self, params: Iterable[torch.Tensor], name: str) -> None:
@@ -118,17 +128,11 @@ class TorchaoAdamWRule(torch.optim.Optimizer):
             out[".qmap"] = torch.zeros(TORCHAO_QMAP[self.name], device=p.device)
         return out
 
-    @torch.no_grad()
-    def step(self, closure: Any = None) -> None:  # type: ignore[override]
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None or self.state[p]:
-                    continue  # the update itself is in place
-                state = self.state[p]
-                state["step"] = torch.tensor(0.0)
-                for name in ("exp_avg", "exp_avg_sq"):
-                    for part, t in self._moment(p).items():
-                        state[name + part] = t
+    def make_state(self, p: torch.Tensor, state: dict[str, Any]) -> None:
+        state["step"] = torch.tensor(0.0)
+        for name in ("exp_avg", "exp_avg_sq"):
+            for part, t in self._moment(p).items():
+                state[name + part] = t
 
 
 # -- quantized linear layers ---------------------------------------------------------------
