@@ -1,6 +1,9 @@
 """Schemathesis against the live API's OpenAPI schema, on each database, with tokens on:
 no response of 500 or more, and every response (status, content type, body) as the schema
-documents it. Bounded: 30 examples an operation and 90 seconds an engine by default."""
+documents it. One seeded pass of every phase (examples, coverage, fuzzing with 30 examples
+an operation, stateful), the same cases each run: about 75 s an engine on 2 quiet cores.
+VRAMLAB_SCHEMATHESIS_SECONDS=N instead keeps fuzzing new cases until N seconds are spent
+(a --max-time run repeats fuzzing and stateful testing until its budget is gone)."""
 
 import os
 import shutil
@@ -24,6 +27,11 @@ CHECKS = ",".join(
 )
 
 
+def _max_time() -> list[str]:
+    seconds = os.environ.get("VRAMLAB_SCHEMATHESIS_SECONDS")
+    return ["--max-time", seconds] if seconds else []
+
+
 def test_schemathesis_finds_nothing(database_url: str, tmp_path: Path) -> None:
     st = shutil.which("schemathesis", path=os.path.dirname(sys.executable))
     if st is None:
@@ -41,8 +49,7 @@ def test_schemathesis_finds_nothing(database_url: str, tmp_path: Path) -> None:
             f"Authorization: Bearer {admin}",
             "--max-examples",
             os.environ.get("VRAMLAB_SCHEMATHESIS_EXAMPLES", "30"),
-            "--max-time",
-            os.environ.get("VRAMLAB_SCHEMATHESIS_SECONDS", "90"),
+            *_max_time(),
             "--report",
             "ndjson",
             "--report-dir",
@@ -52,5 +59,6 @@ def test_schemathesis_finds_nothing(database_url: str, tmp_path: Path) -> None:
             "--request-timeout",
             "20",
         ]
-        done = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+        # A hang guard only: a loaded machine stretches the pass.
+        done = subprocess.run(args, capture_output=True, text=True, cwd=tmp_path, timeout=900)
     assert done.returncode == 0, done.stdout[-6000:]
