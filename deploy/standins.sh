@@ -26,18 +26,28 @@ rootfs() { # DIR PACKAGES
 }
 
 mkdir -p "$CACHE"
-if ! have python:3.12-slim && ! pulled python:3.12-slim; then
+need_python=0 need_postgres=0
+if ! have python:3.12-slim && ! pulled python:3.12-slim; then need_python=1; fi
+if ! have postgres:16 && ! pulled postgres:16; then need_postgres=1; fi
+# The two roots are made side by side (each mostly waits on the mirror and on dpkg).
+pids=()
+if [ "$need_python" = 1 ]; then
   echo "stand-in python:3.12-slim (debootstrap bookworm, python3.11)"
-  rootfs "$CACHE/python" python3,python3-venv,ca-certificates
+  rootfs "$CACHE/python" python3,python3-venv,ca-certificates & pids+=($!)
+fi
+if [ "$need_postgres" = 1 ]; then
+  echo "stand-in postgres:16 (debootstrap bookworm, postgresql 15)"
+  rootfs "$CACHE/postgres" postgresql-15,ca-certificates & pids+=($!)
+fi
+for pid in ${pids[@]+"${pids[@]}"}; do wait "$pid"; done
+if [ "$need_python" = 1 ]; then
   ln -sf python3 "$CACHE/python/usr/bin/python"
   tar -C "$CACHE/python" -c . | docker import \
     --change 'ENV LANG=C.UTF-8 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
     --change 'CMD ["python3"]' - python:3.12-slim >/dev/null
   rm -rf "$CACHE/python"
 fi
-if ! have postgres:16 && ! pulled postgres:16; then
-  echo "stand-in postgres:16 (debootstrap bookworm, postgresql 15)"
-  rootfs "$CACHE/postgres" postgresql-15,ca-certificates
+if [ "$need_postgres" = 1 ]; then
   install -m 0755 "$HERE/standin/postgres-entrypoint.sh" "$CACHE/postgres/usr/local/bin/docker-entrypoint.sh"
   tar -C "$CACHE/postgres" -c . | docker import \
     --change 'ENV LANG=C.UTF-8 PGDATA=/var/lib/postgresql/data PATH=/usr/lib/postgresql/15/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
