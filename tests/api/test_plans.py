@@ -2,12 +2,13 @@
 worker and ignores the experiment cap; names resolve loosely; its edges agree with the
 predictor's own figures; what would make a step fit comes ranked by bytes saved."""
 
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.conftest import Clock, LiveServer, make_settings
+from tests.conftest import ENGINES, Clock, LiveServer, fresh_database, make_settings
 from tests.helpers import CUDA_CAPS, register
 
 pytest.importorskip("transformers")
@@ -17,6 +18,19 @@ pytestmark = pytest.mark.one_engine
 GiB = 2**30
 MiB = 2**20
 TINY = {"op": "model", "params": {"model": "tiny-gpt2", "seq_len": 32, "batch_size": 4}}
+
+
+@pytest.fixture(scope="module")
+def server(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveServer]:
+    """One server for the tests that take `server` or `client`: its predictor starts (torch
+    and transformers imported) once, not once a test. Each test that needs settings of its
+    own starts its own server."""
+    database = fresh_database(ENGINES[0], request, tmp_path_factory.mktemp("plans"))
+    with LiveServer(make_settings(next(database))) as live:
+        yield live
+    next(database, None)  # drops it
 
 
 def _plan(client: httpx.Client, **body: Any) -> dict[str, Any]:
