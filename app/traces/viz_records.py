@@ -66,6 +66,16 @@ class Checked(_Event, gc=False):
 
 CHECKED = msgspec.json.Decoder(Checked)
 
+
+class Stacked(Checked, gc=False):
+    """A stored event with frames as the upload's check decodes it: the frames kept as
+    their JSON, for the chunk's table of stacks (``viz_stacks``)."""
+
+    frames: msgspec.Raw = msgspec.Raw(b"null")  # type: ignore[assignment]
+
+
+STACKED = msgspec.json.Decoder(Stacked)
+
 _SKIPPED = _CODE["mark"]  # this code and those after it write no entry
 # The memo slot of the action each code writes ("free" is written "free_completed").
 _OUT_SLOT = np.array(
