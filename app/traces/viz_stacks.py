@@ -23,7 +23,7 @@ from app.traces import viz_frames, viz_records
 from app.traces.replay import FREES, SEGMENT_GROWS, SEGMENT_SHRINKS
 from app.traces.viz_pickle import SLOT
 
-_NAMES = viz_records._NAMES
+_NAMES = viz_records.NAMES
 _REQUESTED_SLOT = SLOT["free_requested"]
 _COMPLETED_SLOT = SLOT["free_completed"]
 _ACTION_SLOT = [SLOT.get(n, 0) if isinstance(n, str) else 0 for n in _NAMES]

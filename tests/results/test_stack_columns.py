@@ -3,7 +3,6 @@ stack an event when it is uploaded; the memory_viz export writes its entries' fr
 them and gives the very bytes its text gives (the text is what chunks stored before, or
 not taken, are read from). The export is loaded here with the standard pickle."""
 
-import copy
 import pickle
 import random
 from typing import Any
@@ -38,7 +37,12 @@ def _odd_stacks(rnd: random.Random) -> list[Frames]:
         [_frame("", 0, ""), _frame("x", 1, "y"), _frame("é", 255, "€")],  # shared strings
         [_frame('a\\b"c.py', 256, "\t"), _frame("\x00", 65535, "\n")],
         [_frame("m.py", 65536, "n" * 70_000), _frame("m.py", -1, "neg")],
-        [_frame("big.py", 2**31, "a"), _frame("big.py", -(2**40), "b"), _frame("z", 2**63 - 1, "")],
+        [
+            _frame("big.py", 2**31, "a"),
+            _frame("big.py", -(2**40), "b"),
+            _frame("big.py", -(2**39), "c"),  # LONG1 one byte shorter than the bits say
+            _frame("z", 2**63 - 1, ""),
+        ],
         _deep(1001, rnd),  # the frames list in two batches
         _deep(2000, rnd),
     ]
@@ -46,25 +50,34 @@ def _odd_stacks(rnd: random.Random) -> list[Frames]:
 
 def _with_stacks(rows: list[dict[str, Any]], seed: int) -> list[dict[str, Any]]:
     """``rows`` (plain events) with frames: an allocation's from the stacks above or none,
-    a free's its block's, none (then it takes its block's), null or empty."""
+    a free's its block's, null or empty, or none (then it takes its block's, which sends
+    its block to the general path: only near the start of each 3,000 events)."""
     rnd = random.Random(seed)
     stacks = _odd_stacks(rnd)
+    light, heavy = stacks[:6] + stacks[7:8], stacks[6:7] + stacks[8:]
     of: dict[Any, Frames] = {}
-    out = copy.deepcopy(rows)
-    for event in out:
+    out = [dict(row) for row in rows]
+    for i, event in enumerate(out):
         action, addr = event["action"], event.get("addr")
         if action in ("alloc", "segment_alloc", "oom"):
             r = rnd.random()
             if r < 0.9:
-                of[addr] = event["frames"] = copy.deepcopy(rnd.choice(stacks[:4] + stacks))
-            elif r < 0.95:
-                event.pop("frames", None)
+                stack = rnd.choice(heavy if rnd.random() < 0.01 else light)
+                of[addr] = event["frames"] = stack
+            else:
+                of.pop(addr, None)
+                if r < 0.95:
+                    event.pop("frames", None)
+                else:
+                    event["frames"] = rnd.choice([None, []])
         elif action in ("free_requested", "free_completed", "free"):
-            r = rnd.random()
-            if r < 0.6 and addr in of:
-                event["frames"] = copy.deepcopy(of[addr])
-            elif r < 0.8:
-                event.pop("frames", None)  # takes its block's, where it has some
+            if addr in of and (i % 3000 >= 300 or rnd.random() < 0.5):
+                event["frames"] = of[addr]
+            elif addr in of:  # near the start of each 3,000 events only: takes its block's
+                if rnd.random() < 0.5:
+                    event.pop("frames", None)
+                else:
+                    event["frames"] = rnd.choice([None, []])
             else:
                 event["frames"] = rnd.choice([None, []])
             if action != "free_requested":
@@ -106,7 +119,7 @@ def _cpu_frees(n: int) -> list[dict[str, Any]]:
 
 def _odd_chunk(rows: list[dict[str, Any]], odd: Frames) -> list[dict[str, Any]]:
     """A frame the table does not take: the text is read."""
-    rows = copy.deepcopy(rows)
+    rows = [dict(r) for r in rows]
     rows[len(rows) // 2]["frames"] = odd
     return rows
 
