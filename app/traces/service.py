@@ -31,6 +31,8 @@ REQUIRED_KEYS = ("action", "size")
 TEXT_STEP = 256 * 1024
 # One event (one line) may not pass this: deep stacks stay well under it.
 MAX_EVENT_BYTES = 1 * 2**20
+# A chunk's distinct stacks kept beside its columns at most (``ChunkStacks``).
+MAX_STACK_TABLE_BYTES = 8 * 2**20
 T = TypeVar("T")
 _DECODE = msgspec.json.Decoder(list[dict[str, Any]]).decode
 
@@ -132,16 +134,21 @@ def check_chunk(body: bytes, settings: Settings) -> CheckedChunk:
 
 
 class ChunkStacks:
-    """A chunk's distinct stacks as it is checked, and each event's (0: no frames)."""
+    """A chunk's distinct stacks as it is checked, and each event's (0: no frames).
+
+    The export holds a chunk's table whole while it writes the chunk, so a table past
+    ``MAX_STACK_TABLE_BYTES`` (nearly every event a stack of its own) is not kept: that
+    chunk is read from its text, a block at a time."""
 
     def __init__(self) -> None:
         self.ids: dict[bytes, int] = {b"null": 0}
         self.texts: list[bytes] = []
+        self.size = 0
         self.of_events: list[np.ndarray] = []
 
     def add(self, events: list[Any] | None) -> bool:
         """The events' stacks, by their JSON; False where one is not a stack the export
-        writes from the table (``viz_frames.frames_of``)."""
+        writes from the table (``viz_frames.frames_of``), or the table grows too large."""
         if not events or type(events[0]) is not viz_records.Stacked:
             self.of_events.append(np.zeros(len(events or ()), np.uint32))
             return True
@@ -155,6 +162,9 @@ class ChunkStacks:
                 sid = known[raw] = len(self.texts) + 1 if frames else 0
                 if frames:
                     self.texts.append(raw)
+                    self.size += len(raw)
+                    if self.size > MAX_STACK_TABLE_BYTES:
+                        return False
             ids.append(sid)
         self.of_events.append(np.array(ids, np.uint32))
         return True

@@ -170,3 +170,17 @@ def test_the_export_keeps_each_event_s_frames(client: httpx.Client) -> None:
         r.get("frames") or [] for r in rows if r["action"] == "alloc"
     ]
     assert any(f["filename"] == "/home/jö/模型/файл.py" for e in allocs for f in e["frames"])
+
+
+def test_a_chunk_of_stacks_each_its_own_is_read_from_its_text(
+    client: httpx.Client, database_url: str
+) -> None:
+    """Past 8 MiB of distinct stacks a chunk keeps no columns (the export would hold its
+    table whole): it is read from its text, a block at a time."""
+    rows = _deep_batch(4500)
+    for i, row in enumerate(rows):
+        row["frames"] = [_frame("unique.py", i, f"{i:06d}" + "x" * 2000)]
+    exp_id = upload(client, MATMUL, [rows[:100], rows])
+    assert [c is not None for c in _stored(database_url, exp_id)] == [True, False]
+    entries = pickle.loads(_export(client, exp_id))["device_traces"][0]
+    assert entries[-1]["frames"][0]["line"] == 4499
