@@ -163,6 +163,8 @@ def main() -> None:
         ("default flags, 1 at a time", [], clean),
         ("1 warm spare, 1 at a time", ["--spares", "1"], clean),
         ("2 warm spares, 1 at a time", ["--spares", "2"], clean),
+        ("3 warm spares, 1 at a time", ["--spares", "3"], clean),
+        ("4 warm spares, 1 at a time", ["--spares", "4"], clean),
         (f"cold path, {n} at once", ["--cold", "--concurrency", n], clean),
         (f"warm spares, {n} at once", ["--concurrency", n], clean),
         (f"{n} warm spares, {n} at once", ["--concurrency", n, "--spares", n], clean),

@@ -3,9 +3,10 @@
 A million events make about a hundred chunks rather than a million rows: inserts stay
 cheap on both engines, and a page or a stream decompresses only the chunks it needs.
 
-``event_columns``: where every event of the chunk is plain, the fields the memory_viz
-export reads, as columns kept when it was uploaded (``app.traces.event_columns``); null
-for other chunks and those stored before (migration 0012). Deferred: only the export
+``event_columns``: where every event of the chunk is plain (or plain but for frames of
+the usual shape), the fields the memory_viz export reads, as columns kept when it was
+uploaded, with the chunk's stacks where it has frames (``app.traces.event_columns``);
+null for other chunks and those stored before (migration 0012). Deferred: only the export
 loads it.
 """
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.traces import viz_records, viz_rows, viz_segments
+from app.traces import viz_records, viz_rows, viz_segments, viz_stacks
 from app.traces.replay import FREES, SEGMENT_GROWS, SEGMENT_SHRINKS
 from app.traces.viz_live import LiveBlocks
 from app.traces.viz_pickle import ACTIONS, CLOSE_TRACES, END, appends, open_traces
@@ -46,20 +46,30 @@ class State:
 
 
 def export(
-    blocks: Iterable[bytes | viz_records.Columns],
+    blocks: Iterable[bytes | viz_records.Columns | viz_stacks.StackBlock],
     device: str,
     given_segments: list[dict[str, Any]] | None = None,
 ) -> Iterator[bytes]:
     """The pickle, in pieces: ``{"device_traces": [[], ..., [entries]], "segments": [...],
     "allocator_settings": {}}`` with our trace in the experiment's device slot. ``blocks``
     are whole NDJSON lines (``traces.iter_line_blocks``), or a block's columns as they
-    were kept at upload (``traces.iter_viz_blocks``), which give what their lines give.
+    were kept at upload (``traces.iter_viz_blocks``), with a stack an event where the
+    chunk has frames (``viz_stacks``), which give what their lines give.
     An imported snapshot passes its own ``segments``; otherwise they are replayed from
     the trace."""
     slot = device_index(device)
     state = State()
     yield open_traces(slot)
     for block in blocks:
+        if isinstance(block, viz_stacks.StackBlock):
+            if state.frames_seen or block.stack.any():
+                live = state.live.as_dict()
+                if viz_stacks.takes(block, live):
+                    yield from viz_stacks.write(block, live, state)
+                else:
+                    yield from _entries(viz_stacks.as_events(block), state)
+                continue
+            block = block.columns  # no frames: as a plain chunk's columns
         columns = None
         if not state.frames_seen:
             columns = viz_records.decode(block) if isinstance(block, bytes) else block

@@ -5,6 +5,7 @@ import binascii
 import contextlib
 import gzip
 import json
+import operator
 import queue
 import threading
 import zlib
@@ -22,7 +23,7 @@ from sqlalchemy.orm import Session
 from app.core.config import Settings
 from app.core.errors import ApiError, Conflict, PayloadTooLarge
 from app.tables import Experiment, TraceChunk
-from app.traces import event_columns, viz_records
+from app.traces import event_columns, viz_frames, viz_records, viz_stacks
 from vramlab import contract
 
 REQUIRED_KEYS = ("action", "size")
@@ -30,6 +31,8 @@ REQUIRED_KEYS = ("action", "size")
 TEXT_STEP = 256 * 1024
 # One event (one line) may not pass this: deep stacks stay well under it.
 MAX_EVENT_BYTES = 1 * 2**20
+# A chunk's distinct stacks kept beside its columns at most (``ChunkStacks``).
+MAX_STACK_TABLE_BYTES = 8 * 2**20
 T = TypeVar("T")
 _DECODE = msgspec.json.Decoder(list[dict[str, Any]]).decode
 
@@ -108,6 +111,7 @@ def check_chunk(body: bytes, settings: Settings) -> CheckedChunk:
     n = 0
     parts: list[viz_records.Columns] | None = []  # None once an event is not plain
     lengths: list[np.ndarray] = []
+    stacks = ChunkStacks()
     for lines in _line_batches(body, limit):
         if not lines:
             continue
@@ -117,7 +121,7 @@ def check_chunk(body: bytes, settings: Settings) -> CheckedChunk:
         if not valid:
             _check_lines(lines, n, settings)
         columns = None if events is None else viz_records.from_events(events)
-        if parts is not None and columns is not None:
+        if parts is not None and columns is not None and stacks.add(events):
             parts.append(columns)
             lengths.append(np.fromiter(map(len, lines), np.int64, len(lines)))
         else:
@@ -125,7 +129,53 @@ def check_chunk(body: bytes, settings: Settings) -> CheckedChunk:
         n += len(lines)
     if not parts:
         return CheckedChunk(n, None)
-    return CheckedChunk(n, event_columns.pack(parts, np.concatenate(lengths)))
+    kept = stacks.kept()
+    return CheckedChunk(n, event_columns.pack(parts, np.concatenate(lengths), stacks=kept))
+
+
+class ChunkStacks:
+    """A chunk's distinct stacks as it is checked, and each event's (0: no frames).
+
+    The export holds a chunk's table whole while it writes the chunk, so a table past
+    ``MAX_STACK_TABLE_BYTES`` (nearly every event a stack of its own) is not kept: that
+    chunk is read from its text, a block at a time."""
+
+    def __init__(self) -> None:
+        self.ids: dict[bytes, int] = {b"null": 0}
+        self.texts: list[bytes] = []
+        self.size = 0
+        self.of_events: list[np.ndarray] = []
+
+    def add(self, events: list[Any] | None) -> bool:
+        """The events' stacks, by their JSON; False where one is not a stack the export
+        writes from the table (``viz_frames.frames_of``), or the table grows too large."""
+        if not events or type(events[0]) is not viz_records.Stacked:
+            self.of_events.append(np.zeros(len(events or ()), np.uint32))
+            return True
+        ids, known = [], self.ids
+        for raw in map(bytes, map(_FRAMES, events)):
+            sid = known.get(raw)
+            if sid is None:
+                frames = viz_frames.frames_of(raw)
+                if frames is None:
+                    return False
+                sid = known[raw] = len(self.texts) + 1 if frames else 0
+                if frames:
+                    self.texts.append(raw)
+                    self.size += len(raw)
+                    if self.size > MAX_STACK_TABLE_BYTES:
+                        return False
+            ids.append(sid)
+        self.of_events.append(np.array(ids, np.uint32))
+        return True
+
+    def kept(self) -> tuple[list[bytes], np.ndarray] | None:
+        if not self.texts:
+            return None
+        return self.texts, np.concatenate(self.of_events)
+
+
+_FRAMES = operator.attrgetter("frames")
 
 
 def _decoded(lines: list[bytes], plain: bool) -> tuple[bool, list[Any] | None]:
@@ -139,13 +189,14 @@ def _decoded(lines: list[bytes], plain: bool) -> tuple[bool, list[Any] | None]:
         except UnicodeDecodeError:
             return False, None
     if plain:
-        try:
-            events: list[Any] = list(map(viz_records.CHECKED.decode, lines))
-        except (ValueError, RecursionError):
-            pass
-        else:
+        for decoder in (viz_records.CHECKED, viz_records.STACKED):
+            try:
+                events: list[Any] = list(map(decoder.decode, lines))
+            except (ValueError, RecursionError):
+                continue
             if all(e.action is not UNSET and e.size is not UNSET for e in events):
                 return True, events
+            break
     try:
         valid = list(map(_VALID.decode, lines))
     except (ValueError, RecursionError):
@@ -334,10 +385,10 @@ def iter_line_blocks(
 
 def iter_viz_blocks(
     session: Session, experiment_id: str, piece: int = event_columns.PIECE
-) -> Generator[bytes | viz_records.Columns, None, None]:
+) -> Generator[bytes | viz_records.Columns | viz_stacks.StackBlock, None, None]:
     """``iter_line_blocks``' blocks for the memory_viz export, a chunk's as the columns
-    kept when it was uploaded where it has them (the same blocks, not decoded again),
-    else as text."""
+    kept when it was uploaded where it has them (the same blocks, not decoded again; with
+    its stacks where it has frames), else as text."""
     blocks = LineBlocks()
     for seq in _chunk_seqs(session, experiment_id):
         stored = session.scalar(

@@ -34,6 +34,7 @@ _TIME_EXACT = 2**53  # larger times would not survive the float column exactly
 # Action codes: the snapshot's actions, then ours that become one of them or nothing.
 _NAMES: tuple[str | None, ...] = (*ACTIONS, "free", "mark", None)
 _CODE = {name: i for i, name in enumerate(_NAMES)}
+NAMES = _NAMES  # a code column's names, for the stacks' blocks (``viz_stacks``)
 # The known actions as a Literal: msgspec matches them without making a string an event
 # (a third less time decoding), and an unknown action does not decode.
 _Action = Literal[tuple(n for n in _NAMES if n is not None)]  # type: ignore[valid-type]
@@ -65,6 +66,16 @@ class Checked(_Event, gc=False):
 
 
 CHECKED = msgspec.json.Decoder(Checked)
+
+
+class Stacked(Checked, gc=False):
+    """A stored event with frames as the upload's check decodes it: the frames kept as
+    their JSON, for the chunk's table of stacks (``viz_stacks``)."""
+
+    frames: msgspec.Raw = msgspec.Raw(b"null")  # type: ignore[assignment]
+
+
+STACKED = msgspec.json.Decoder(Stacked)
 
 _SKIPPED = _CODE["mark"]  # this code and those after it write no entry
 # The memo slot of the action each code writes ("free" is written "free_completed").

@@ -107,6 +107,20 @@ CASES: dict[str, dict[str, Any]] = {
         "seq_len": 512,
         "optimizer": "torchao-adamw-fp8",
     },
+    # Held out from the shapes the 4-bit update's rule was read from (Llama-1B in bf16):
+    # GPT-2 small in float32, whose largest parameter is its 50,257-token embedding.
+    "torchao-adamw4bit-gpt2": {
+        "model": "gpt2",
+        "batch_size": 4,
+        "seq_len": 512,
+        "optimizer": "torchao-adamw-4bit",
+    },
+    "torchao-adamw8bit-gpt2": {
+        "model": "gpt2",
+        "batch_size": 4,
+        "seq_len": 512,
+        "optimizer": "torchao-adamw-8bit",
+    },
     "liger-llama1b": {
         "model": "llama-1b",
         "precision": "bf16",

@@ -73,8 +73,8 @@ TRACES = {
     "plain, many blocks": (MATMUL, lambda: [churn(20_000), churn(10_000, 1, 20_000)], [1, 1]),
     "cpu": (ADD, lambda: [many_events(1500)[:2000], many_events(1500)[2000:]], [1, 1]),
     "plain, odd, plain": (MATMUL, _plain_then_odd, [1, 0, 1]),
-    "frames, then plain": (MATMUL, _frames_then_plain, [0, 1]),
-    "varied": (MATMUL, varied_chunks, [1, 0, 1, 0, 1]),
+    "frames, then plain": (MATMUL, _frames_then_plain, [1, 1]),
+    "varied": (MATMUL, varied_chunks, [1, 0, 1, 1, 1]),
 }
 
 

@@ -87,3 +87,29 @@ def test_out_of_memory_on_a_rank_fails_the_experiment_naming_it(runner: Runner) 
     assert outcome.status == "failed"
     assert outcome.error["type"] == "oom", outcome.error
     assert "rank " in outcome.error["message"]
+
+
+def test_an_emulated_card_caps_every_ranks_allocator(runner: Runner) -> None:
+    """capacity_bytes is each rank's card under NCCL too: each rank's caching allocator is
+    capped at it, so a card under the step's peak fails the run on a rank it names, and a
+    card above every rank's peak runs it with each rank's reserved bytes inside it."""
+    if _gpus() < 2:
+        pytest.skip("needs 2 GPUs")
+    ddp = {"strategy": "ddp", "gpus": 2}
+    free = _outcome(runner, **SMALL_GPT2, distributed=ddp)
+    assert free.status == "succeeded", free.error
+    peak = max(r["peak_allocated"] for r in free.result["model"]["ranks"])
+    small = peak // 2
+    tight = _outcome(runner, **SMALL_GPT2, distributed=ddp, capacity_bytes=small)
+    assert tight.status == "failed" and tight.error is not None
+    assert tight.error["type"] == "oom", tight.error
+    details = tight.error["details"]
+    assert details["capacity_bytes"] == small
+    assert details["mechanism"] == "cuda_memory_fraction"
+    assert details["rank"] in (0, 1)
+    assert f"on rank {details['rank']} of 2" in tight.error["message"]
+    roomy = 2 * peak
+    fits = _outcome(runner, **SMALL_GPT2, distributed=ddp, capacity_bytes=roomy)
+    assert fits.status == "succeeded", fits.error
+    for rank in fits.result["model"]["ranks"]:
+        assert rank["peak_reserved"] <= roomy, rank

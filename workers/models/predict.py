@@ -420,6 +420,8 @@ def _traced(
                 logging.enter_context(log)
                 logging.enter_context(log.during("build"))
             built = _build(params)
+        if isinstance(built.optimizer, rules.StateRule):
+            built.optimizer.device_type = "cuda" if cuda else "cpu"  # whose kernels it rules
         if built.scaler is not None:
             built.scaler = FakeScaler(built.device)
         if semantics is not None:

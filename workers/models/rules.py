@@ -20,8 +20,15 @@ against them on a GPU host.
   elements; FP8: float8_e4m3fn one per element), a float32 scale per block and, for 8- and
   4-bit, its own float32 quantization map (256 and 16 entries; FP8 has none); any other
   parameter keeps two plain moments in its own dtype. Each group's lr is a float32 scalar.
-  The update is a torch.compile'd function per parameter (fake tensors cannot compile):
-  here it writes in place, its fused kernels' buffers are not predicted.
+  The update is a torch.compile'd function per parameter (fake tensors cannot compile).
+  For a quantized parameter its kernels hold, while that parameter is updated, buffers
+  of the parameter's element count: both moments dequantized in float32 (4 bytes an
+  element each) and, for 4-bit, the codes before packing (int64 on CUDA, 8 bytes an
+  element each; on the CPU a byte more each); FP8's hold one byte an element per moment;
+  with two float32 scales per block and, on CUDA, 179,712 bytes more. So the update's
+  peak is at the largest parameter: 8.03 bytes an element for 8-bit, 24.06 (CUDA) or
+  26.06 (CPU) for 4-bit and 2.03 for FP8, as measured on an H200 (torch 2.11) and on the
+  CPU (torch 2.13) with torchao 0.18.
 - NF4 (Linear4bit): the weight packed two per byte; an absmax per 64 elements (float32,
   or with double quantisation uint8 plus a float32 per 256 of them, a 256-entry code and
   a float32 offset); a 16-entry code per layer. Forward and backward each dequantize the
@@ -53,18 +60,28 @@ NF4_DOUBLE_BLOCK = 256
 
 class StateRule(torch.optim.Optimizer):
     """An optimizer whose kernels fake tensors cannot run, as its state's bytes: the first
-    step makes each trained parameter's state (``make_state``); the update itself is in
-    place and holds nothing more."""
+    step makes each trained parameter's state (``make_state``); each step's update of a
+    parameter holds what ``update`` makes (in place: nothing more, unless a rule says)."""
+
+    # The device whose kernels the rules stand for (the predictor's fake tensors are the
+    # CPU's whichever device it predicts for).
+    device_type = "cpu"
 
     def make_state(self, p: torch.Tensor, state: dict[str, Any]) -> None:
         raise NotImplementedError
+
+    def update(self, p: torch.Tensor, state: dict[str, Any]) -> None:
+        """What the update holds beyond the state while it runs (default: nothing)."""
 
     @torch.no_grad()
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
         for group in self.param_groups:
             for p in group["params"]:
-                if p.grad is not None and not self.state[p]:
+                if p.grad is None:
+                    continue
+                if not self.state[p]:
                     self.make_state(p, self.state[p])
+                self.update(p, self.state[p])
 
 
 class BnbAdamWRule(StateRule):
@@ -102,6 +119,17 @@ class BnbAdamWRule(StateRule):
 TORCHAO_BLOCK = {"torchao-adamw-8bit": 256, "torchao-adamw-4bit": 128, "torchao-adamw-fp8": 256}
 TORCHAO_MIN_QUANTIZED = 4096
 TORCHAO_QMAP = {"torchao-adamw-8bit": 256, "torchao-adamw-4bit": 16, "torchao-adamw-fp8": 0}
+# The compiled update's buffers for a quantized parameter, in bytes per element (one
+# buffer each), by device type; and what CUDA's kernels hold beside them per update.
+TORCHAO_UPDATE = {
+    ("torchao-adamw-8bit", "cuda"): (4, 4),
+    ("torchao-adamw-8bit", "cpu"): (4, 4),
+    ("torchao-adamw-4bit", "cuda"): (4, 4, 8, 8),
+    ("torchao-adamw-4bit", "cpu"): (4, 4, 9, 9),
+    ("torchao-adamw-fp8", "cuda"): (1, 1),
+    ("torchao-adamw-fp8", "cpu"): (1, 1),
+}
+TORCHAO_UPDATE_CUDA_EXTRA = 179_712
 
 
 class TorchaoAdamWRule(StateRule):
@@ -133,6 +161,20 @@ class TorchaoAdamWRule(StateRule):
         for name in ("exp_avg", "exp_avg_sq"):
             for part, t in self._moment(p).items():
                 state[name + part] = t
+
+    def update(self, p: torch.Tensor, state: dict[str, Any]) -> None:
+        """The compiled update's buffers for one parameter, made and freed as it runs."""
+        if "exp_avg.codes" not in state:
+            return  # a plain moment: its update's buffers are small (not predicted)
+        n, kind = p.numel(), self.device_type
+        held = [
+            torch.empty(n * size, dtype=torch.uint8, device=p.device)
+            for size in TORCHAO_UPDATE[(self.name, kind)]
+        ]
+        held += [torch.empty(n // TORCHAO_BLOCK[self.name], device=p.device) for _ in range(2)]
+        if kind == "cuda":
+            held.append(torch.empty(TORCHAO_UPDATE_CUDA_EXTRA, dtype=torch.uint8, device=p.device))
+        del held
 
 
 # -- quantized linear layers ---------------------------------------------------------------
