@@ -3,10 +3,12 @@
 points to the plan that answers without running anything. Real predictor (torch and
 transformers in this environment), HTTP only."""
 
+from collections.abc import Iterator
+
 import httpx
 import pytest
 
-from tests.conftest import LiveServer, make_settings
+from tests.conftest import ENGINES, LiveServer, fresh_database, make_settings
 from tests.helpers import CPU_CAPS, register
 
 pytest.importorskip("transformers")
@@ -22,12 +24,22 @@ GPT2_16 = {
 }
 
 
+@pytest.fixture(scope="module", params=ENGINES)
+def patient(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveServer]:
+    """One server an engine for this module: its predictor starts once, not once a test."""
+    database = fresh_database(request.param, request, tmp_path_factory.mktemp("shown"))
+    with LiveServer(make_settings(next(database), **PATIENT)) as live:
+        yield live
+    next(database, None)  # drops it
+
+
 @pytest.fixture
-def cpu_only(database_url: str) -> "httpx.Client":
-    with LiveServer(make_settings(database_url, **PATIENT)) as live:
-        with httpx.Client(base_url=live.url, timeout=300) as client:
-            register(client, CPU_CAPS, "cpu-box")
-            yield client
+def cpu_only(patient: LiveServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=patient.url, timeout=300) as client:
+        register(client, CPU_CAPS, "cpu-box")  # live for this test, whatever came before
+        yield client
 
 
 def test_a_model_spec_over_the_cap_is_422_with_its_prediction_and_the_plan(
