@@ -32,11 +32,11 @@ from app.traces.viz_pickle import (
     BINUNICODE,
     EMPTY_DICT,
     EMPTY_LIST,
-    LONG1,
     MARK,
     MEMO,
     SETITEMS,
     SLOT,
+    int_opcode,
 )
 
 BATCH = 1000  # the pickler's batch of list items and dict items; the export's of entries
@@ -57,21 +57,6 @@ def get(slot: int) -> bytes:
     if slot < 256:
         return BINGET + bytes((slot,))
     return LONG_BINGET + slot.to_bytes(4, "little")
-
-
-def pickled_int(value: int) -> bytes:
-    """``value`` as the C pickler writes an int (protocol 2)."""
-    if 0 <= value < 256:
-        return b"K" + bytes((value,))
-    if 0 <= value < 65536:
-        return b"M" + value.to_bytes(2, "little")
-    if -(2**31) <= value < 2**31:
-        return b"J" + value.to_bytes(4, "little", signed=True)
-    width = (value.bit_length() >> 3) + 1
-    data = value.to_bytes(width, "little", signed=True)
-    if value < 0 and width > 1 and data[-1] == 0xFF and data[-2] & 0x80:
-        data = data[:-1]
-    return LONG1 + bytes((len(data),)) + data
 
 
 def _shared(s: str) -> bool:
@@ -112,7 +97,7 @@ def frames_of(raw: bytes) -> list[Frame] | None:
         filename, line, name = f["filename"], f["line"], f["name"]
         if type(filename) is not str or type(line) is not int or type(name) is not str:
             return None
-        out.append(Frame(filename, _utf8(filename), line, pickled_int(line), name, _utf8(name)))
+        out.append(Frame(filename, _utf8(filename), line, int_opcode(line), name, _utf8(name)))
     return out
 
 
@@ -219,8 +204,8 @@ def batch(entries: Sequence[Entry]) -> bytes:
             out += APPENDS + MARK
         out += EMPTY_DICT + put(memo.next) + _ACTION + bytes((action,))
         memo.next += 1
-        out += _ADDR + pickled_int(addr) + _SIZE + pickled_int(size)
-        out += _STREAM + pickled_int(stream) + _TIME + pickled_int(time) + _FRAMES
+        out += _ADDR + int_opcode(addr) + _SIZE + int_opcode(size)
+        out += _STREAM + int_opcode(stream) + _TIME + int_opcode(time) + _FRAMES
         if second:
             out += get(shared_list)
         else:

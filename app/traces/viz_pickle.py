@@ -95,15 +95,19 @@ END = SETITEM + _string("allocator_settings") + EMPTY_DICT + SETITEM + STOP
 
 
 def int_opcode(value: int) -> bytes:
-    """``value`` as pickle writes an int: the narrowest opcode that holds it."""
+    """``value`` as the C pickler writes an int (protocol 2): the narrowest opcode that
+    holds it, a long's bytes as few as hold it in two's complement."""
     if 0 <= value < 256:
         return b"K" + bytes((value,))
     if 0 <= value < 65536:
         return b"M" + value.to_bytes(2, "little")
     if -(2**31) <= value < 2**31:
         return b"J" + value.to_bytes(4, "little", signed=True)
-    width = value.bit_length() // 8 + 1
-    return LONG1 + bytes((width,)) + value.to_bytes(width, "little", signed=True)
+    width = (value.bit_length() >> 3) + 1
+    data = value.to_bytes(width, "little", signed=True)
+    if value < 0 and width > 1 and data[-1] == 0xFF and data[-2] & 0x80:
+        data = data[:-1]
+    return LONG1 + bytes((len(data),)) + data
 
 
 def appends(entries: list[dict[str, Any]]) -> bytes:

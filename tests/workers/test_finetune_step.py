@@ -125,3 +125,20 @@ def test_a_deep_t5_with_short_targets_is_extended_as_traced_whole(
     whole = predict(params, "cuda")
     assert (extended["phase"], whole["phase"]) == ("backward", "backward")
     assert extended["peak_allocated"] == whole["peak_allocated"]
+
+
+def test_torchs_adafactor_is_predicted_as_it_runs(runner: Runner) -> None:
+    """torch's Adafactor reads values in its update (the step, two norms), which fake
+    tensors do not hold: the prediction answers those reads and traces the rest, its
+    factored state and its update's buffers, as the worker measures them."""
+    from workers.models.predict import predict
+
+    params = {"model": "tiny-llama", "batch_size": 2, "seq_len": 32, "optimizer": "adafactor"}
+    result, predicted = measured_and_predicted(runner, **params)
+    figures = result["model"]
+    assert close(predicted, figures["peak_allocated"], 0.001)
+    spec = build_spec("model", [], params)
+    categories = predict(spec["params"], "cpu")["categories"]
+    assert categories["optimizer_state"] == figures["optimizer_state_bytes"]
+    # factored: far less than AdamW's two moments, one per element of every parameter
+    assert figures["optimizer_state_bytes"] < figures["parameter_bytes"] / 4

@@ -245,7 +245,8 @@ def make_optimizer(
     if name == "adam":
         return torch.optim.Adam(weights, lr=1e-4, **options)
     if name == "adafactor":
-        return torch.optim.Adafactor(weights, lr=1e-2, **options)
+        kind = rules.FakeAdafactor if fake else torch.optim.Adafactor
+        return kind(weights, lr=1e-2, **options)
     if name == "transformers-adafactor":
         return finetune.adafactor(weights)
     if name in ("adamw-8bit", "paged-adamw-8bit", "paged-adamw"):

@@ -1,9 +1,9 @@
 """Stand-ins on fake tensors for what has no fake-tensor implementation: bitsandbytes'
 8-bit and paged AdamW and its 4-bit (NF4) and 8-bit (LLM.int8) linear layers, torchao's
-low-bit AdamW, and Liger's fused linear cross-entropy. Each makes the tensors its library
-makes, of the same sizes and lifetimes, as documented below; the rest of the step is
-traced as it runs. The worker runs the real libraries; bench/truth/ checks these rules
-against them on a GPU host.
+low-bit AdamW, torch's Adafactor (whose update reads values), and Liger's fused linear
+cross-entropy. Each makes the tensors its library makes, of the same sizes and lifetimes,
+as documented below; the rest of the step is traced as it runs. The worker runs the real
+libraries; bench/truth/ checks these rules against them on a GPU host.
 
 - AdamW8bit (bitsandbytes' Optimizer2State.init_state): per parameter of at least
   4096 elements, two uint8 moments (2 bytes per element) and two float32 absmax per
@@ -50,6 +50,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 BNB_OPTIM_BLOCK = 2048  # bitsandbytes' blockwise optimizer state: one absmax per block
 BNB_MIN_8BIT = 4096
@@ -175,6 +176,27 @@ class TorchaoAdamWRule(StateRule):
         if kind == "cuda":
             held.append(torch.empty(TORCHAO_UPDATE_CUDA_EXTRA, dtype=torch.uint8, device=p.device))
         del held
+
+
+class _ScalarsAsOne(TorchDispatchMode):
+    """Reads of a tensor's value (``.item()``) answered with one: fake tensors hold no
+    values, and what an optimizer reads so only scales its update."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        if func is torch.ops.aten._local_scalar_dense.default:
+            dtype = args[0].dtype
+            return True if dtype == torch.bool else 1.0 if dtype.is_floating_point else 1
+        return func(*args, **(kwargs or {}))
+
+
+class FakeAdafactor(torch.optim.Adafactor):
+    """torch's Adafactor on fake tensors: its own state and update, traced as they run,
+    with the scalars it reads (the step count, the norms of a parameter and its update)
+    answered as one. Its bytes do not depend on those values."""
+
+    def step(self, closure: Any = None) -> Any:
+        with _ScalarsAsOne():
+            return super().step(closure)
 
 
 # -- quantized linear layers ---------------------------------------------------------------
