@@ -38,12 +38,17 @@ from app.queue import workers
 from app.snapshots import service as snapshots
 from app.snapshots.categories import telling_frames
 from app.sweeps import service as sweeps
+from vramlab import experiment_view
 from vramlab.contract import Status
 from vramlab.units import human_bytes
 
 TEMPLATES = Jinja2Templates(directory=str(Path(__file__).resolve().parent / "templates"))
 # A missing figure is an empty cell, never Python's "None".
 TEMPLATES.env.finalize = lambda value: "" if value is None else value
+TEMPLATES.env.globals["strategy_words"] = experiment_view.strategy_words
+TEMPLATES.env.globals["rank_rows"] = experiment_view.rank_rows
+TEMPLATES.env.globals["rank_headers"] = experiment_view.RANK_HEADERS
+TEMPLATES.env.globals["ranks_over_words"] = experiment_view.ranks_over_words
 TEMPLATES.env.filters["bytes"] = lambda n: "" if n is None else human_bytes(n)
 TEMPLATES.env.globals["off_prediction"] = experiment_views.off_prediction
 # base.html wraps the charts' script in a tag that carries the response's CSP nonce.

@@ -109,6 +109,9 @@ def show_experiment(exp: dict[str, Any]) -> None:
     if exp.get("error"):
         what = "PyTorch's refusal" if exp.get("expected_refusal") else "error"
         print(f"{what}: {exp['error']['type']}: {exp['error']['message']}")
+        over = ranks_over_words(exp["error"])
+        if over:
+            print(over)
     result = result_of(exp)
     if result is None:
         if spec["op"] == "model" and exp.get("prediction"):
@@ -196,28 +199,71 @@ def show_model(result: dict[str, Any], prediction: dict[str, Any]) -> None:
         print(speed)
 
 
-def show_ranks(figures: dict[str, Any], prediction: dict[str, Any]) -> None:
-    """A distributed run's ranks: each one's peak and shards (the run's peak is the
-    highest rank's), beside the predicted peak of a rank."""
-    plan = figures.get("distributed") or {}
-    how = ", ".join(f"{k} {v}" for k, v in plan.items() if k not in ("strategy", "gpus") and v)
-    print(
-        f"\n{plan.get('strategy', '?')} on {plan.get('gpus', len(figures['ranks']))} ranks"
-        + (f" ({how})" if how else "")
-        + ", batch_size per GPU:"
-    )
-    rows = [
+def strategy_words(plan: dict[str, Any] | None, ranks: list[dict[str, Any]]) -> str:
+    """A distributed run's plan in words: "FSDP2 full sharding on 2 GPUs, bf16 mixed
+    precision" (CPU ranks under gloo are named as such)."""
+    plan = plan or {}
+    n = plan.get("gpus") or len(ranks)
+    on_gpus = any(str(r.get("device", "")).startswith("cuda") for r in ranks)
+    where = f"on {n} GPUs" if on_gpus or not ranks else f"on {n} CPU ranks (gloo)"
+    if plan.get("strategy") == "fsdp":
+        words = [f"FSDP2 {plan.get('sharding') or 'full'} sharding {where}"]
+        if plan.get("mixed_precision"):
+            words.append(f"{plan['mixed_precision']} mixed precision")
+        if plan.get("offload_optimizer"):
+            words.append("optimizer offloaded to the host")
+        return ", ".join(words)
+    return f"{str(plan.get('strategy') or '?').upper()} {where}"
+
+
+def rank_rows(figures: dict[str, Any]) -> list[tuple[Any, ...]]:
+    """Each rank's figures for people: rank, device, peaks, its shards and DDP's buckets."""
+    return [
         (
             r["rank"],
             r["device"],
             size(r["peak_allocated"]),
+            size(r["peak_reserved"]),
             size(r.get("parameter_bytes")),
             size(r.get("gradient_bytes")),
             size(r.get("optimizer_state_bytes")),
             size(r.get("bucket_bytes")) if r.get("bucket_bytes") else "",
-            size(prediction.get("peak_allocated")),
         )
-        for r in figures["ranks"]
+        for r in figures.get("ranks") or []
     ]
-    headers = ["rank", "device", "peak allocated", "parameters", "gradients", "optimizer"]
-    print(table([*headers, "DDP buckets", "predicted"], rows))
+
+
+RANK_HEADERS = (
+    "rank",
+    "device",
+    "peak allocated",
+    "peak reserved",
+    "parameters",
+    "gradients",
+    "optimizer state",
+    "buckets",
+)
+
+
+def ranks_over_words(error: dict[str, Any] | None) -> str | None:
+    """A failed distributed run's ranks past the emulated card, or None."""
+    details = (error or {}).get("details")
+    if not isinstance(details, dict) or not details.get("ranks_over"):
+        return None
+    over = ", ".join(str(r) for r in details["ranks_over"])
+    peaks = details.get("rank_peaks") or []
+    card = details.get("capacity_bytes")
+    return (
+        f"over the emulated card{f' ({size(card)})' if isinstance(card, int) else ''}: "
+        f"rank{'s' if len(details['ranks_over']) > 1 else ''} {over}"
+        + (f" (peaks by rank: {', '.join(size(p) for p in peaks)})" if peaks else "")
+    )
+
+
+def show_ranks(figures: dict[str, Any], prediction: dict[str, Any]) -> None:
+    """A distributed run's ranks: each one's peaks and shards (the run's peak is the
+    highest rank's), and the predicted peak of a rank (ranks on equal batches are alike)."""
+    print(f"\n{strategy_words(figures.get('distributed'), figures['ranks'])}, batch_size per rank:")
+    print(table(list(RANK_HEADERS), rank_rows(figures)))
+    if prediction.get("peak_allocated"):
+        print(f"predicted peak of a rank: {size(prediction['peak_allocated'])} allocated")

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import LiveServer, fresh_database, make_settings
-from tests.helpers import CPU_CAPS, claim, register, succeed
+from tests.helpers import CPU_CAPS, MEMORY, claim, register, succeed
 from vramlab.units import human_bytes
 
 pytest.importorskip("transformers")
@@ -224,46 +224,115 @@ def test_a_401_names_the_token_flag_and_variable(
 
 
 def test_show_lists_a_distributed_runs_ranks(live: LiveServer, client: httpx.Client) -> None:
-    params = {
+    made, model = report_ranks(client)
+    shown = run(live.url, "show", made["id"][:8])
+    assert shown.returncode == 0, shown.stderr
+    assert "FSDP2 full sharding on 2 CPU ranks (gloo), bf16 mixed precision" in shown.stdout
+    lines = shown.stdout.splitlines()
+    header = next(x for x in lines if x.startswith("rank "))
+    for word in ("peak allocated", "peak reserved", "parameters", "gradients", "optimizer"):
+        assert word in header, header
+    for r in model["ranks"]:
+        row = next(x for x in lines if x.startswith(f"{r['rank']} ") and "cpu" in x)
+        for key in RANK_FIGURES:
+            assert f" {human_bytes(r[key])} " in f"{row} ", (key, row)
+
+
+def test_show_names_the_ranks_past_the_emulated_card(
+    live: LiveServer, client: httpx.Client
+) -> None:
+    made, _ = report_ranks(client, capacity=5_500_000)
+    shown = run(live.url, "show", made["id"][:8])
+    assert shown.returncode == 0, shown.stderr
+    assert "over the emulated card" in shown.stdout
+    line = next(x for x in shown.stdout.splitlines() if "over the emulated card" in x)
+    assert "rank 1 " in line and "rank 0" not in line, line
+    assert human_bytes(6_000_000) in line
+
+
+# A rank's figures, each distinct (and from the other rank's), so that a row must show
+# its own rank's bytes.
+RANK_FIGURES = (
+    "peak_allocated",
+    "peak_reserved",
+    "parameter_bytes",
+    "gradient_bytes",
+    "optimizer_state_bytes",
+    "bucket_bytes",
+)
+
+
+def rank_figures(r: int, peak: int, device: str = "cpu") -> dict[str, Any]:
+    return {
+        "rank": r,
+        "device": device,
+        "peak_allocated": peak,
+        "peak_reserved": peak + 2_000_000,
+        "parameter_bytes": (200 + r) * 1024,
+        "gradient_bytes": (300 + r) * 1024,
+        "optimizer_state_bytes": (500 + r) * 1024,
+        "bucket_bytes": (50 + r) * 1024,
+        "categories": {"parameters": 200 * 1024, "gradients": 300 * 1024},
+    }
+
+
+def report_ranks(
+    client: httpx.Client, capacity: int | None = None, device: str = "cpu"
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A 2-rank FSDP2 run on the CPU, reported over the worker protocol (failed as the
+    worker fails it where a rank passes ``capacity``: its figures kept)."""
+    params: dict[str, Any] = {
         "model": "tiny-gpt2",
         "seq_len": 16,
         "batch_size": 2,
-        "distributed": {"strategy": "ddp", "gpus": 2},
+        "distributed": {"strategy": "fsdp", "gpus": 2, "mixed_precision": "bf16"},
     }
+    if capacity is not None:
+        params["capacity_bytes"] = capacity
     made = client.post("/v1/experiments", json={**TINY, "params": params})
     assert made.status_code == 202, made.text
     worker = register(client, CPU_CAPS)
     claimed = claim(client, worker, wait_s=1)
     assert claimed is not None
-
-    def rank(r: int, peak: int) -> dict[str, Any]:
-        return {
-            "rank": r,
-            "device": "cpu",
-            "peak_allocated": peak,
-            "peak_reserved": peak,
-            "parameter_bytes": 1000,
-            "gradient_bytes": 1000,
-            "optimizer_state_bytes": 2000,
-            "bucket_bytes": 1000,
-            "categories": {"parameters": 1000, "gradients": 2000, "optimizer_state": 2000},
-        }
-
+    ranks = [rank_figures(0, 5_000_000, device), rank_figures(1, 6_000_000, device)]
     model = {
         "model": "tiny-gpt2",
         "model_type": "gpt2",
         "task": "train",
         "parameter_count": 250,
         "reported_step": 2,
-        "peak_allocated": 6000,
-        "peak_reserved": 6000,
-        "distributed": {"strategy": "ddp", "gpus": 2},
-        "ranks": [rank(0, 6000), rank(1, 5000)],
+        "peak_allocated": 6_000_000,
+        "peak_reserved": 8_000_000,
+        "distributed": {
+            "strategy": "fsdp",
+            "gpus": 2,
+            "sharding": "full",
+            "offload_optimizer": False,
+            "mixed_precision": "bf16",
+        },
+        "ranks": ranks,
     }
-    done = succeed(client, claimed, model=model, categories=rank(0, 6000)["categories"])
+    if capacity is None:
+        done = succeed(client, claimed, model=model, categories=ranks[1]["categories"])
+    else:
+        body = {
+            "lease_token": claimed["lease_token"],
+            "status": "failed",
+            "result": {"memory": MEMORY, "model": model, "categories": ranks[1]["categories"]},
+            "error": {
+                "type": "oom",
+                "message": "rank 1 of 2's step peaked at 5.7 MiB; the emulated card holds less",
+                "details": {
+                    "capacity_bytes": capacity,
+                    "peak_allocated": 6_000_000,
+                    "rank": 1,
+                    "ranks_over": [1],
+                    "rank_peaks": [5_000_000, 6_000_000],
+                    "emulated": True,
+                },
+            },
+        }
+        done = client.post(f"/v1/worker/experiments/{claimed['id']}/result", json=body)
     assert done.status_code == 200, done.text
-    shown = run(live.url, "show", made.json()["id"][:8])
-    assert shown.returncode == 0, shown.stderr
-    assert "ddp on 2 ranks, batch_size per GPU" in shown.stdout
-    row = next(x for x in shown.stdout.splitlines() if x.strip().startswith("1 "))
-    assert "cpu" in row and human_bytes(5000) in row and human_bytes(1000) in row
+    out: dict[str, Any] = made.json()
+    return out, model

@@ -12,6 +12,7 @@ import pytest
 
 from tests.conftest import LiveServer, fresh_database, make_settings
 from tests.helpers import CPU_CAPS, claim, register
+from tests.results.test_cli_models import RANK_FIGURES, report_ranks
 from vramlab.units import human_bytes
 
 pytest.importorskip("transformers")
@@ -90,3 +91,31 @@ def test_the_compare_page_puts_model_knobs_and_categories_side_by_side(
     assert "<td>2</td><td>5</td>" in batch
     categories = page[page.index('id="compare-categories"') :].split("</table>", 1)[0]
     assert "parameters" in categories and "(predicted " in categories
+
+
+def test_a_distributed_runs_page_lists_each_rank(client: httpx.Client) -> None:
+    made, model = report_ranks(client)
+    page = unescape(client.get(f"/ui/experiments/{made['id']}").text)
+    heading = page[page.index('id="ranks-heading"') :].split("</h3>", 1)[0]
+    assert "FSDP2 full sharding on 2 CPU ranks (gloo), bf16 mixed precision" in heading
+    table = page[page.index('id="ranks"') :].split("</table>", 1)[0]
+    for r in model["ranks"]:
+        row = table[table.index(f"<td>{r['rank']}</td><td>cpu</td>") :].split("</tr>", 1)[0]
+        for key in RANK_FIGURES:
+            assert f">{human_bytes(r[key])}<" in row, (key, row)
+
+
+def test_a_failed_distributed_runs_page_names_the_ranks_past_its_card(
+    client: httpx.Client,
+) -> None:
+    made, _ = report_ranks(client, capacity=5_500_000)
+    page = unescape(client.get(f"/ui/experiments/{made['id']}").text)
+    over = page[page.index('id="ranks-over"') :].split("</p>", 1)[0]
+    assert "rank 1 " in over and human_bytes(6_000_000) in over, over
+    assert 'id="ranks"' in page  # its ranks' figures are kept
+
+
+def test_a_ranks_page_escapes_what_a_worker_reported(client: httpx.Client) -> None:
+    made, _ = report_ranks(client, device="<b>cpu</b>")
+    page = client.get(f"/ui/experiments/{made['id']}").text
+    assert "<b>cpu</b>" not in page and "&lt;b&gt;cpu&lt;/b&gt;" in page
