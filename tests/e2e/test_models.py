@@ -4,8 +4,10 @@ memory at the reported step's peak. Tiny configs keep this fast."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Iterator
+from html import unescape
 from typing import Any
 
 import httpx
@@ -14,6 +16,7 @@ import pytest
 from tests.conftest import free_port
 from tests.e2e.procs import VRAMLAB, env_for, stop, wait_done, wait_ready
 from vramlab.contract import CATEGORY_KEYS
+from vramlab.units import human_bytes
 
 pytestmark = [pytest.mark.slow]
 pytest.importorskip("transformers")
@@ -145,6 +148,49 @@ def test_an_emulated_card_too_small_is_an_oom_with_its_figures(service: str) -> 
     assert done["error"]["type"] == "oom"
     assert "capacity_bytes 100000" in done["error"]["message"]
     assert done["result"]["model"]["peak_allocated"] > 100_000
+
+
+def test_a_ddp_runs_ranks_are_shown_by_the_cli_and_the_page(service: str) -> None:
+    """Two gloo ranks of a real DDP step, on an emulated card below their peaks: `vramlab
+    show` and the experiment's page list each rank's own figures and name the ranks over
+    the card."""
+    with httpx.Client(base_url=service, timeout=180) as client:
+        _, done = run(
+            client,
+            model="tiny-gpt2",
+            batch_size=2,
+            seq_len=32,
+            dropout=0.0,
+            capacity_bytes=100_000,
+            distributed={"strategy": "ddp", "gpus": 2},
+        )
+        page = unescape(client.get(f"/ui/experiments/{done['id']}").text)
+    assert done["status"] == "failed", done["error"]
+    ranks = done["result"]["model"]["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1]
+    assert done["error"]["details"]["ranks_over"] == [0, 1]
+    shown = subprocess.run(
+        [*VRAMLAB, "show", done["id"][:8]],
+        env={**os.environ, "VRAMLAB_API_URL": service},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert shown.returncode == 0, shown.stderr
+    out = shown.stdout
+    assert "DDP on 2 CPU ranks (gloo)" in out and "over the emulated card" in out
+    assert "ranks 0, 1" in out
+    table = page[page.index('id="ranks"') :].split("</table>", 1)[0]
+    assert "DDP on 2 CPU ranks (gloo)" in page and "ranks 0, 1" in page
+    keys = ("peak_allocated", "peak_reserved", "parameter_bytes", "gradient_bytes")
+    keys += ("optimizer_state_bytes", "bucket_bytes")
+    for r in ranks:
+        line = next(x for x in out.splitlines() if x.startswith(f"{r['rank']} ") and "cpu" in x)
+        row = table[table.index(f"<td>{r['rank']}</td><td>cpu</td>") :].split("</tr>", 1)[0]
+        for key in keys:
+            assert r[key], key  # DDP on the CPU: every figure is there
+            assert f" {human_bytes(r[key])} " in f"{line} ", (key, line)
+            assert f">{human_bytes(r[key])}<" in row, (key, row)
 
 
 @pytest.mark.parametrize(
