@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 import types
 import typing
 from collections.abc import Mapping
@@ -36,7 +37,10 @@ def alias(f: dataclasses.Field[Any]) -> str:
     return str(f.metadata.get("alias", f.name))
 
 
+@functools.cache
 def _hints(cls: type) -> dict[str, Any]:
+    """A dataclass's resolved field types (a class's never change: resolved once, as
+    resolving them is most of the time a spec takes to load)."""
     return get_type_hints(cls, include_extras=False)
 
 
