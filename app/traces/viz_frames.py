@@ -28,7 +28,6 @@ from app.traces.viz_pickle import (
     APPEND,
     APPENDS,
     BINGET,
-    BINPUT,
     BINUNICODE,
     EMPTY_DICT,
     EMPTY_LIST,
@@ -36,27 +35,15 @@ from app.traces.viz_pickle import (
     MEMO,
     SETITEMS,
     SLOT,
+    get,
     int_opcode,
+    put,
 )
 
 BATCH = 1000  # the pickler's batch of list items and dict items; the export's of entries
-LONG_BINGET = b"j"
-LONG_BINPUT = b"r"
 FRAME_KEYS = ("filename", "line", "name")
 _FIRST = len(MEMO) + 1  # the stream's memo, then the batch's list
 _FAR = 2**20  # a slot past 255, where a template is made
-
-
-def put(slot: int) -> bytes:
-    if slot < 256:
-        return BINPUT + bytes((slot,))
-    return LONG_BINPUT + slot.to_bytes(4, "little")
-
-
-def get(slot: int) -> bytes:
-    if slot < 256:
-        return BINGET + bytes((slot,))
-    return LONG_BINGET + slot.to_bytes(4, "little")
 
 
 def _shared(s: str) -> bool:

@@ -32,6 +32,8 @@ SETITEMS = b"u"
 STOP = b"."
 BINGET = b"h"
 BINPUT = b"q"
+LONG_BINGET = b"j"
+LONG_BINPUT = b"r"
 BINUNICODE = b"X"
 LONG1 = b"\x8a"
 TUPLE2 = b"\x86"
@@ -61,12 +63,18 @@ def _string(s: str) -> bytes:
     return BINUNICODE + struct.pack("<I", len(data)) + data
 
 
-def _binput(slot: int) -> bytes:
-    return BINPUT + bytes([slot])
+def put(slot: int) -> bytes:
+    """Memo ``slot`` set, as the pickler writes it (``LONG_BINPUT`` past 255)."""
+    if slot < 256:
+        return BINPUT + bytes((slot,))
+    return LONG_BINPUT + slot.to_bytes(4, "little")
 
 
-def _binget(slot: int) -> bytes:
-    return BINGET + bytes([slot])
+def get(slot: int) -> bytes:
+    """Memo ``slot`` read, as the pickler writes it (``LONG_BINGET`` past 255)."""
+    if slot < 256:
+        return BINGET + bytes((slot,))
+    return LONG_BINGET + slot.to_bytes(4, "little")
 
 
 # The outer dict with every memo string set up: ``{"device_traces": <last string>}``
@@ -75,7 +83,7 @@ PRELUDE = (
     PROTO2
     + EMPTY_DICT
     + MARK
-    + b"".join((_binget(0) if i > 1 else b"") + _string(s) + _binput(i) for i, s in enumerate(MEMO))
+    + b"".join((get(0) if i > 1 else b"") + _string(s) + put(i) for i, s in enumerate(MEMO))
     + SETITEMS
 )
 _MEMO_TABLE = {id(s): (i, s) for i, s in enumerate(MEMO)}
@@ -84,7 +92,7 @@ _MEMO_TABLE = {id(s): (i, s) for i, s in enumerate(MEMO)}
 def open_traces(slot: int) -> bytes:
     """Up to the first entry: the prelude, then ``"device_traces": [[], ..., [`` with
     ``slot`` empty lists before the trace's."""
-    return PRELUDE + _binget(0) + EMPTY_LIST + (EMPTY_LIST + APPEND) * slot + EMPTY_LIST
+    return PRELUDE + get(0) + EMPTY_LIST + (EMPTY_LIST + APPEND) * slot + EMPTY_LIST
 
 
 # After the last entry: the trace list closed and set, and the segments list opened.
@@ -123,7 +131,7 @@ def appends(entries: list[dict[str, Any]]) -> bytes:
     pickler.memo = _MEMO_TABLE
     pickler.dump(entries)
     data = out.getvalue()
-    head = PROTO2 + EMPTY_LIST + _binput(len(MEMO))
+    head = PROTO2 + EMPTY_LIST + put(len(MEMO))
     if not data.startswith(head) or not data.endswith(STOP):
         raise RuntimeError("unexpected pickle framing for a list")  # a bug: never the client's
     return data[len(head) : -1]
