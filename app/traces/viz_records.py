@@ -32,12 +32,12 @@ _TIME_EXACT = 2**53  # larger times would not survive the float column exactly
 
 
 # Action codes: the snapshot's actions, then ours that become one of them or nothing.
-_NAMES: tuple[str | None, ...] = (*ACTIONS, "free", "mark", None)
-_CODE = {name: i for i, name in enumerate(_NAMES)}
-NAMES = _NAMES  # a code column's names, for the stacks' blocks (``viz_stacks``)
+# A code column's names (also ``viz_stacks``'): its code is the index.
+NAMES: tuple[str | None, ...] = (*ACTIONS, "free", "mark", None)
+_CODE = {name: i for i, name in enumerate(NAMES)}
 # The known actions as a Literal: msgspec matches them without making a string an event
 # (a third less time decoding), and an unknown action does not decode.
-_Action = Literal[tuple(n for n in _NAMES if n is not None)]  # type: ignore[valid-type]
+_Action = Literal[tuple(n for n in NAMES if n is not None)]  # type: ignore[valid-type]
 
 
 class _Event(msgspec.Struct, gc=False):
@@ -80,14 +80,14 @@ STACKED = msgspec.json.Decoder(Stacked)
 _SKIPPED = _CODE["mark"]  # this code and those after it write no entry
 # The memo slot of the action each code writes ("free" is written "free_completed").
 _OUT_SLOT = np.array(
-    [SLOT["free_completed" if n in FREES else n] if n in SLOT or n in FREES else 0 for n in _NAMES],
+    [SLOT["free_completed" if n in FREES else n] if n in SLOT or n in FREES else 0 for n in NAMES],
     np.uint8,
 )
 
 
 def _table(names: tuple[str | None, ...]) -> np.ndarray:
     """Whether each code is one of ``names``: indexed by a code column, a mask."""
-    return np.array([n in names for n in _NAMES], bool)
+    return np.array([n in names for n in NAMES], bool)
 
 
 _ALLOC, _FREE, _REQUESTED = _table(("alloc",)), _table(FREES), _table(("free_requested",))
@@ -174,7 +174,7 @@ def as_events(c: Columns) -> list[dict[str, Any]]:
     for i in np.flatnonzero(c.no_addr).tolist():
         addrs[i] = None
     rows = zip(
-        map(_NAMES.__getitem__, c.code.tolist()),
+        map(NAMES.__getitem__, c.code.tolist()),
         addrs,
         c.size.tolist(),
         c.stream.tolist(),

@@ -23,10 +23,9 @@ from app.traces import viz_frames, viz_records
 from app.traces.replay import FREES, SEGMENT_GROWS, SEGMENT_SHRINKS
 from app.traces.viz_pickle import SLOT
 
-_NAMES = viz_records.NAMES
 _REQUESTED_SLOT = SLOT["free_requested"]
 _COMPLETED_SLOT = SLOT["free_completed"]
-_ACTION_SLOT = [SLOT.get(n, 0) if isinstance(n, str) else 0 for n in _NAMES]
+_ACTION_SLOT = [SLOT.get(n, 0) if isinstance(n, str) else 0 for n in viz_records.NAMES]
 _TAKES_FRAMES = (*FREES, "free_requested")  # without frames, these take their block's
 
 
@@ -123,15 +122,15 @@ def takes(block: StackBlock, live: dict[Any, tuple[int, Any, Any]]) -> bool:
     """Whether ``write`` can take the block: no free without frames whose block is alive
     with frames (from this block or before it)."""
     stackless = block.stack == 0
-    takers = np.isin(block.columns.code, [_NAMES.index(n) for n in _TAKES_FRAMES])
+    takers = np.isin(block.columns.code, [viz_records.NAMES.index(n) for n in _TAKES_FRAMES])
     if not (stackless & takers).any():
         return True
     framed: dict[Any, bool] = {}  # this block's allocations and frees so far
-    alloc, free = _NAMES.index("alloc"), [_NAMES.index(n) for n in FREES]
+    alloc, free = viz_records.NAMES.index("alloc"), [viz_records.NAMES.index(n) for n in FREES]
     for code, addr, _, _, _, sid in _events(block):
         if code == alloc and addr is not None:
             framed[addr] = bool(sid)
-        elif not sid and _NAMES[code] in _TAKES_FRAMES:
+        elif not sid and viz_records.NAMES[code] in _TAKES_FRAMES:
             if addr in framed:
                 if framed[addr]:
                     return False
@@ -163,7 +162,7 @@ def write(
     entries: list[viz_frames.Entry] = []
     add = entries.append
     for code, addr, size, stream, time, sid in _events(block):
-        name = _NAMES[code]
+        name = viz_records.NAMES[code]
         if name == "mark" or name is None:
             continue
         stack = table.stack(sid)
