@@ -121,15 +121,14 @@ TORCHAO_BLOCK = {"torchao-adamw-8bit": 256, "torchao-adamw-4bit": 128, "torchao-
 TORCHAO_MIN_QUANTIZED = 4096
 TORCHAO_QMAP = {"torchao-adamw-8bit": 256, "torchao-adamw-4bit": 16, "torchao-adamw-fp8": 0}
 # The compiled update's buffers for a quantized parameter, in bytes per element (one
-# buffer each), by device type; and what CUDA's kernels hold beside them per update.
+# buffer each); where the CPU's kernels differ, theirs; and what CUDA's kernels hold
+# beside them per update.
 TORCHAO_UPDATE = {
-    ("torchao-adamw-8bit", "cuda"): (4, 4),
-    ("torchao-adamw-8bit", "cpu"): (4, 4),
-    ("torchao-adamw-4bit", "cuda"): (4, 4, 8, 8),
-    ("torchao-adamw-4bit", "cpu"): (4, 4, 9, 9),
-    ("torchao-adamw-fp8", "cuda"): (1, 1),
-    ("torchao-adamw-fp8", "cpu"): (1, 1),
+    "torchao-adamw-8bit": (4, 4),
+    "torchao-adamw-4bit": (4, 4, 8, 8),
+    "torchao-adamw-fp8": (1, 1),
 }
+TORCHAO_UPDATE_CPU = {"torchao-adamw-4bit": (4, 4, 9, 9)}
 TORCHAO_UPDATE_CUDA_EXTRA = 179_712
 
 
@@ -167,13 +166,13 @@ class TorchaoAdamWRule(StateRule):
         """The compiled update's buffers for one parameter, made and freed as it runs."""
         if "exp_avg.codes" not in state:
             return  # a plain moment: its update's buffers are small (not predicted)
-        n, kind = p.numel(), self.device_type
-        held = [
-            torch.empty(n * size, dtype=torch.uint8, device=p.device)
-            for size in TORCHAO_UPDATE[(self.name, kind)]
-        ]
+        n, cuda = p.numel(), self.device_type == "cuda"
+        sizes = TORCHAO_UPDATE[self.name]
+        if not cuda:
+            sizes = TORCHAO_UPDATE_CPU.get(self.name, sizes)
+        held = [torch.empty(n * size, dtype=torch.uint8, device=p.device) for size in sizes]
         held += [torch.empty(n // TORCHAO_BLOCK[self.name], device=p.device) for _ in range(2)]
-        if kind == "cuda":
+        if cuda:
             held.append(torch.empty(TORCHAO_UPDATE_CUDA_EXTRA, dtype=torch.uint8, device=p.device))
         del held
 
