@@ -35,6 +35,7 @@ from typing import Any
 
 from vramlab.runspec import ModelParams
 from workers.models.alloc_log import AllocationLog, Event, Window
+from workers.models.kernel_scratch import derived_bytes
 from workers.models.steps import phases_of
 from workers.models.tally import Peak, replayed
 
@@ -57,6 +58,9 @@ class Point:
     block: int
     log: LogShape | None
     log_sizes: list[int]
+    # Births whose sizes are worked out from two counts (a kernel's own buffer, not linear
+    # in the batch: workers/models/kernel_scratch.py); the counts are on the line.
+    derived: list[tuple[int, tuple[Any, ...], tuple[int, ...]]] = field(default_factory=list)
 
     @classmethod
     def of(cls, peak: Peak, counts: dict[str, int], block: int, log: AllocationLog | None) -> Point:
@@ -70,6 +74,7 @@ class Point:
             block,
             None if log is None else [(e.key, e.phase, e.window) for e in events],
             [e.nbytes for e in events],
+            list(peak.record.derived),
         )
 
     def same_shape(self, other: Point) -> bool:
@@ -79,6 +84,7 @@ class Point:
             and self.counts == other.counts
             and self.block == other.block
             and self.log == other.log
+            and self.derived == other.derived
         )
 
 
@@ -150,6 +156,8 @@ class Families:
         sizes = [c + m * batch for c, m in zip(tally_c, tally_m, strict=True)]
         if sizes and min(sizes) < 0:
             return None
+        for name, recipe, counts in first.derived:
+            sizes[name] = derived_bytes(recipe, *(sizes[i] for i in counts))
         log = None
         if first.log is not None:
             log = AllocationLog()

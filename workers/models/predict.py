@@ -441,7 +441,7 @@ def _traced(
             with semantics or contextlib.nullcontext(), log:
                 run_step(built, log.during)  # step 1: the optimizer's state is made in it
         rounding = BLOCK if cuda else 1
-        peak = tally_step(built, rounding, semantics, log, recorded)
+        peak = tally_step(built, rounding, semantics, log, recorded, kernels=cuda)
         phases: Phases = {**peak.phases}
         phases[COUNTS] = parameter_counts(built.model)
         if log is not None:

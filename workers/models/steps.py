@@ -17,6 +17,7 @@ import torch
 
 from workers.models import finetune, parallel
 from workers.models.build import Built
+from workers.models.kernel_scratch import KernelScratch
 from workers.models.tally import OTHER, Peak, Tally, identities
 
 Phase = Callable[[str], AbstractContextManager[Any]]
@@ -182,13 +183,17 @@ def tally_step(
     around: AbstractContextManager[Any] | None = None,
     log: Any = None,
     recorded: bool = False,
+    kernels: bool = False,
 ) -> Peak:
     """One more step under the category tally (workers/models/tally.py): what held memory
     at its peak. What exists before it (parameters, optimizer state, inputs, buffers) is
     counted from the start; ``around`` wraps the step (the predictor's CUDA semantics);
     ``log``, an allocation log (workers/models/alloc_log.py), records it too; with
     ``recorded``, the peak carries the tally's record and its storages' categories by
-    their names in it (to replay the step at another batch, workers/models/families.py)."""
+    their names in it (to replay the step at another batch, workers/models/families.py);
+    with ``kernels``, the buffers CUDA's kernels take for themselves are made inside the ops
+    that take them (a prediction for CUDA: workers/models/kernel_scratch.py; the allocation
+    log does not see them)."""
     tally = Tally(block, recorded)
     tally.adopt([*built.parameters(), *built.optimizer_state(), *built.inputs.values()])
     tally.adopt(built.held)
@@ -200,6 +205,8 @@ def tally_step(
     with contextlib.ExitStack() as stack:
         stack.enter_context(around or contextlib.nullcontext())
         stack.enter_context(tally)
+        if kernels:
+            stack.enter_context(KernelScratch(tally))
         stack.enter_context(finetune.step_untallied(built.optimizer))
         if built.params.parallel is not None:
             stack.enter_context(parallel.storage_watched(tally))

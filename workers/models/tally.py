@@ -142,6 +142,15 @@ class Tally(PhasedMode):
         self._maybe_peak()
         return out
 
+    def derive(self, t: torch.Tensor, recipe: tuple[Any, ...], *counts: int) -> None:
+        """``t``'s bytes follow from ``counts`` by ``recipe`` (a kernel's own buffer whose
+        size is not linear in them, workers/models/kernel_scratch.py): a replay at another
+        batch size works them out again instead of putting them on a line."""
+        if self.record is not None:
+            key = _key(t)
+            if key is not None and key in self.record._names:
+                self.record.derive(self.record._names[key], recipe, counts)
+
     def resized(self, t: torch.Tensor, category: str | None = None) -> None:
         """A storage given back or taken again in place (``resize_``, as FSDP frees and
         re-gathers its unsharded parameters): its old life ends, a new one of its new size
@@ -295,6 +304,9 @@ class Record:
     steps: list[tuple[int, int, str]] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
     replayable: bool = True
+    # Births whose sizes follow from counts by a recipe: (name, recipe, the counts' indices
+    # in ``sizes``). Their own entries in ``sizes`` are 0 (not put on a line).
+    derived: list[tuple[int, tuple[Any, ...], tuple[int, ...]]] = field(default_factory=list)
     _names: dict[int, int] = field(default_factory=dict)  # live address -> name
 
     def born(self, key: int, nbytes: int, phase: str) -> None:
@@ -305,6 +317,12 @@ class Record:
 
     def ended(self, key: int) -> None:
         self.steps.append((END, self._names.pop(key), ""))
+
+    def derive(self, name: int, recipe: tuple[Any, ...], counts: tuple[int, ...]) -> None:
+        self.sizes[name] = 0
+        start = len(self.sizes)
+        self.sizes.extend(counts)  # counts, not births: no step names them
+        self.derived.append((name, recipe, tuple(range(start, start + len(counts)))))
 
     def named(self, by_identity: dict[int, str]) -> dict[int, str]:
         """``by_identity``'s live storages by their names in this record."""
