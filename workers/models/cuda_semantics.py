@@ -5,16 +5,17 @@ The predictor traces a step on fake CPU tensors. Three things CUDA does differen
 the bytes a step holds, and each is decided above the kernels, where a function mode
 can make the CUDA choice instead:
 
-- Attention. ``scaled_dot_product_attention`` on CUDA runs FlashAttention (half
-  precision, no mask) or the memory-efficient kernel (a mask or float32), which keep
-  only the output and a log-sum-exp for the backward; the CPU falls back to the math
-  path, which keeps the whole attention matrix. Here the call goes to the CUDA kernel's
-  own op (its shapes are known without a device). Grouped key/value heads
-  (``enable_gqa``, as transformers passes for Llama-like models without a mask) are
-  FlashAttention's only: the memory-efficient kernel of the torch the worker runs
-  (2.11) takes no grouped heads, so float32 or masked grouped attention runs the math
-  path on CUDA, keys and values repeated to every head and the whole attention matrix
-  kept (the CPU's own fused kernel would keep neither). A QLoRA base prepared by peft
+- Attention. ``scaled_dot_product_attention`` on Hopper with the torch the worker runs
+  (2.11) runs cuDNN's attention for half precision (with or without a mask, dropout or
+  grouped key/value heads: measured over 60 shapes on an H200, bench/kernel_scratch.py
+  ``--sdpa-choice``) and the memory-efficient kernel for float32; both keep only the
+  output and a log-sum-exp for the backward, where the CPU falls back to the math path,
+  which keeps the whole attention matrix. Here the call goes to the CUDA kernel's own op
+  (its shapes are known without a device); the buffers cuDNN's backward takes for
+  itself are made by workers/models/kernel_scratch.py. The memory-efficient kernel
+  takes no grouped heads, so float32 grouped attention runs the math path on CUDA, keys
+  and values repeated to every head and the whole attention matrix kept (the CPU's own
+  fused kernel would keep neither). A QLoRA base prepared by peft
   (float32 norms, so float32 queries) attends this way.
 - Dropout. CUDA runs a training dropout as one fused kernel that keeps a one-byte mask
   for the backward; the CPU keeps its noise, a mask of the input's dtype. Here the call
@@ -266,38 +267,38 @@ def attention(
     scale: float | None = None,
     enable_gqa: bool = False,
 ) -> torch.Tensor:
-    """``scaled_dot_product_attention`` as CUDA runs it on Hopper: FlashAttention for
-    half precision without a mask, else the memory-efficient kernel; the math path
-    where neither applies (grouped heads that FlashAttention cannot take; other shapes
-    as on the CPU)."""
+    """``scaled_dot_product_attention`` as CUDA runs it on Hopper with torch 2.11: cuDNN's
+    attention for half precision (masks, dropout and grouped heads included), the
+    memory-efficient kernel for float32; the math path where neither applies (grouped
+    heads in float32; other shapes as on the CPU)."""
     head_dim = query.shape[-1]
     heads_match = query.shape[-3] == key.shape[-3] == value.shape[-3]
     fallback = torch.nn.functional.scaled_dot_product_attention
-    flash = query.dtype in _LOW_DTYPES and attn_mask is None
-    if query.dim() == 4 and enable_gqa and not heads_match and not flash:
+    low = query.dtype in _LOW_DTYPES
+    if query.dim() == 4 and enable_gqa and not heads_match and not low:
         # No fused kernel takes these grouped heads on CUDA: the math path, as CUDA runs
         # it (the CPU would pick its own fused kernel instead).
         return torch.ops.aten._scaled_dot_product_attention_math(
             query, key, value, attn_mask, dropout_p, is_causal, None, scale=scale, enable_gqa=True
         )[0]
-    if query.dim() != 4 or not heads_match or head_dim % 8 or head_dim > 256:
+    grouped = low and enable_gqa
+    if query.dim() != 4 or not (heads_match or grouped) or head_dim % 8 or head_dim > 256:
         return fallback(
             query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
         )
-    if flash:
-        out = torch.ops.aten._scaled_dot_product_flash_attention(
-            query, key, value, dropout_p, is_causal, False, scale=scale
-        )
-        return out[0]
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     bias = attn_mask
+    if bias is not None and bias.dtype == torch.bool:  # turned into an additive mask
+        bias = torch.zeros_like(bias, dtype=query.dtype).masked_fill(~bias, float("-inf"))
+    if low:
+        return torch.ops.aten._scaled_dot_product_cudnn_attention(
+            query, key, value, bias, needs_grad, dropout_p, is_causal, False, scale=scale
+        )[0]
     if bias is not None:
-        if bias.dtype == torch.bool:  # CUDA turns a boolean mask into an additive one
-            bias = torch.zeros_like(bias, dtype=query.dtype).masked_fill(~bias, float("-inf"))
         length = bias.shape[-1]
-        if length % 16:  # and pads the key length to the kernel's alignment
+        if length % 16:  # the memory-efficient kernel pads the key length to its alignment
             bias = _pad_bias(bias, length)
         bias = bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
     out = torch.ops.aten._scaled_dot_product_efficient_attention(
         query, key, value, bias, needs_grad, dropout_p, is_causal, scale=scale
     )
