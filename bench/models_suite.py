@@ -63,6 +63,7 @@ SUITE: list[dict[str, Any]] = [
         "checkpointing": True,
     },
     {"model": "vit-base", "task": "train", "batch_size": 64},
+    {"model": "vit-base", "task": "train", "batch_size": 64, "precision": "bf16-autocast"},
     {"model": "resnet-50", "task": "train", "batch_size": 64},
     {"model": "gpt2", "task": "inference", "batch_size": 16, "seq_len": 1024},
     {
