@@ -265,6 +265,17 @@ def sdpa_choice() -> list[dict[str, Any]]:
     return rows
 
 
+def _reduction_scratch(x: torch.Tensor, op: str, dims: list[int]) -> int:
+    """The bytes a reduction held inside its kernel beyond its output."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    y = getattr(torch, op)(x, dim=dims)
+    torch.cuda.synchronize()
+    scratch = torch.cuda.max_memory_allocated() - torch.cuda.memory_allocated()
+    del y
+    return scratch
+
+
 def reductions() -> list[dict[str, Any]]:
     """The scratch of CUDA's reduction kernel (its global buffer across blocks) for sums and
     means over shapes, strides and dtypes as training steps make them."""
@@ -308,42 +319,15 @@ def reductions() -> list[dict[str, Any]]:
     cases.append(([12608, 3072], [0], "float64", "sum"))
     for shape, dims, dtype, op in cases:
         x = torch.randn(*shape, device=dev, dtype=getattr(torch, dtype))
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        y = getattr(torch, op)(x, dim=dims)
-        torch.cuda.synchronize()
-        after = torch.cuda.memory_allocated()
-        rows.append(
-            {
-                "shape": shape,
-                "dims": dims,
-                "dtype": dtype,
-                "op": op,
-                "scratch": torch.cuda.max_memory_allocated() - after,
-                "out": after - before,
-            }
-        )
-        # the same through a transposed view (a bias gradient of a transposed matmul)
-        if len(shape) == 2 and dims == [0]:
+        row = {"shape": shape, "dims": dims, "dtype": dtype, "op": op}
+        rows.append({**row, "scratch": _reduction_scratch(x, op, dims)})
+        if len(shape) == 2 and dims == [0]:  # through a transposed view: the fastest dim
             xt = x.t().contiguous().t()
-            torch.cuda.synchronize()
-            before = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            y = getattr(torch, op)(xt, dim=dims)
-            after = torch.cuda.memory_allocated()
             rows.append(
-                {
-                    "shape": shape,
-                    "dims": dims,
-                    "dtype": dtype,
-                    "op": op,
-                    "layout": "transposed",
-                    "scratch": torch.cuda.max_memory_allocated() - after,
-                }
+                {**row, "layout": "transposed", "scratch": _reduction_scratch(xt, op, dims)}
             )
             del xt
-        del x, y
+        del x
         torch.cuda.empty_cache()
     props = torch.cuda.get_device_properties(0)
     rows.append(

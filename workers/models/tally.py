@@ -146,10 +146,9 @@ class Tally(PhasedMode):
         """``t``'s bytes follow from ``counts`` by ``recipe`` (a kernel's own buffer whose
         size is not linear in them, workers/models/kernel_scratch.py): a replay at another
         batch size works them out again instead of putting them on a line."""
-        if self.record is not None:
-            key = _key(t)
-            if key is not None and key in self.record._names:
-                self.record.derive(self.record._names[key], recipe, counts)
+        key = _key(t)
+        if self.record is not None and key is not None:
+            self.record.derive(key, recipe, counts)
 
     def resized(self, t: torch.Tensor, category: str | None = None) -> None:
         """A storage given back or taken again in place (``resize_``, as FSDP frees and
@@ -318,7 +317,10 @@ class Record:
     def ended(self, key: int) -> None:
         self.steps.append((END, self._names.pop(key), ""))
 
-    def derive(self, name: int, recipe: tuple[Any, ...], counts: tuple[int, ...]) -> None:
+    def derive(self, key: int, recipe: tuple[Any, ...], counts: tuple[int, ...]) -> None:
+        name = self._names.get(key)
+        if name is None:
+            return
         self.sizes[name] = 0
         start = len(self.sizes)
         self.sizes.extend(counts)  # counts, not births: no step names them
