@@ -20,7 +20,7 @@ bench/kernel_scratch.py: the allocator's peak inside each op over what the op le
   gradient (batch x heads x length x head size) and float32 row sums (batch x heads x
   length); with grouped key/value heads, the key's and value's gradients for every query
   head before they are summed back to their groups (in the inputs' dtype). Measured
-  within 1 MiB over 60 shapes.
+  within 1 MiB over the 58 half-precision shapes of bench/kernel_scratch.py --sdpa-choice.
 
 The memory-efficient kernel's backward (float32 attention) also keeps an accumulator, of
 a size this model does not yet give exactly (within 2% on head sizes that are multiples
