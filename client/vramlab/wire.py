@@ -14,7 +14,7 @@ import enum
 import functools
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar, Union, get_args, get_origin, get_type_hints
 
 T = TypeVar("T")
@@ -44,114 +44,263 @@ def _hints(cls: type) -> dict[str, Any]:
     return get_type_hints(cls, include_extras=False)
 
 
-def _check_bounds(f: dataclasses.Field[Any], value: Any, where: str) -> None:
+# A failure's place, innermost last: ("key", name) for a dataclass's field, ("item", key)
+# for a mapping's, ("index", i) for a list's. Written as the contract's path only when a
+# check fails, so that data that fits pays nothing for it.
+_Step = tuple[str, Any]
+_Loader = Callable[[Any], Any]
+
+
+class _Misfit(Exception):
+    """A check failed: its message and its place, innermost step last."""
+
+    def __init__(self, message: str, steps: tuple[_Step, ...] = ()) -> None:
+        self.message = message
+        self.steps = steps
+
+    def within(self, step: _Step) -> _Misfit:
+        return _Misfit(self.message, (step, *self.steps))
+
+
+def _path(where: str, steps: tuple[_Step, ...]) -> str:
+    for kind, name in steps:
+        if kind == "key":
+            where = f"{where}.{name}".lstrip(".")
+        elif kind == "item":
+            where = f"{where}.{name}"
+        else:
+            where = f"{where}[{name}]"
+    return where
+
+
+def _bounds(f: dataclasses.Field[Any]) -> Callable[[Any], None] | None:
+    """The field's bounds from its ``metadata`` as a check, None where it has none."""
     meta = f.metadata
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        if "ge" in meta and value < meta["ge"]:
-            raise WireError(where, f"must be >= {meta['ge']}")
-        if "le" in meta and value > meta["le"]:
-            raise WireError(where, f"must be <= {meta['le']}")
-    if isinstance(value, str) and "max_length" in meta and len(value) > meta["max_length"]:
-        raise WireError(where, f"is longer than {meta['max_length']} characters")
+    ge, le, longest = meta.get("ge"), meta.get("le"), meta.get("max_length")
+    if ge is None and le is None and longest is None:
+        return None
+
+    def check(value: Any) -> None:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            if ge is not None and value < ge:
+                raise _Misfit(f"must be >= {ge}")
+            if le is not None and value > le:
+                raise _Misfit(f"must be <= {le}")
+        if isinstance(value, str) and longest is not None and len(value) > longest:
+            raise _Misfit(f"is longer than {longest} characters")
+
+    return check
 
 
 def load(cls: type[T], data: Any, where: str = "") -> T:
     """``data`` (JSON-like) as an instance of the dataclass ``cls``; WireError if it does
     not fit."""
-    value = _value(cls, data, where)
+    try:
+        value = _loader(typing.cast(Any, cls))(data)
+    except _Misfit as exc:
+        raise WireError(_path(where, exc.steps), exc.message) from None
     return typing.cast(T, value)
 
 
-def _dataclass(cls: type, data: Any, where: str) -> Any:
-    if not isinstance(data, Mapping):
-        raise WireError(where, f"must be an object ({cls.__name__})")
-    hints = _hints(cls)
-    fields = {alias(f): f for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise WireError(f"{where}.{unknown[0]}".lstrip("."), "is not a field of the contract")
-    kwargs = {}
-    for key, f in fields.items():
-        here = f"{where}.{key}".lstrip(".")
-        if key not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise WireError(here, "is required")
-            continue
-        value = _value(hints[f.name], data[key], here)
-        _check_bounds(f, value, here)
-        kwargs[f.name] = value
-    return cls(**kwargs)
-
-
-def _value(tp: Any, data: Any, where: str) -> Any:
+@functools.cache
+def _loader(tp: Any) -> _Loader:
+    """The check and conversion of one declared type, built once per type (a spec and an
+    outcome are checked at every experiment: building the checks each time was most of
+    their cost)."""
     if tp is Any or isinstance(tp, str | typing.ForwardRef):  # Any; JSON data's inner values
-        return data
+        return _same
     origin = get_origin(tp)
     if origin is typing.Literal:
-        if data not in get_args(tp):
-            raise WireError(where, f"must be one of {', '.join(map(str, get_args(tp)))}")
-        return data
+        return _literal(get_args(tp))
     if origin in (Union, types.UnionType):
-        options = get_args(tp)
-        if data is None and type(None) in options:
+        return _union(get_args(tp))
+    if origin in (list, tuple):
+        args = get_args(tp)
+        return _sequence(args[0] if args else Any, origin is tuple)
+    if origin in (dict, Mapping) or tp is dict:
+        args = get_args(tp)
+        return _mapping(args[1] if args else Any)
+    if dataclasses.is_dataclass(tp):
+        return _dataclass(typing.cast(type, tp))
+    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+        return _enum(tp)
+    if tp is float:
+        return _number
+    if tp is int:
+        return _integer
+    if tp is str:
+        return _string
+    if tp is bool:
+        return _boolean
+    if tp is type(None):
+        return _null
+    raise TypeError(f"no wire form for {tp!r}")
+
+
+def _same(data: Any) -> Any:
+    return data
+
+
+def _literal(allowed: tuple[Any, ...]) -> _Loader:
+    def load(data: Any) -> Any:
+        if data not in allowed:
+            raise _Misfit(f"must be one of {', '.join(map(str, allowed))}")
+        return data
+
+    return load
+
+
+def _union(options: tuple[Any, ...]) -> _Loader:
+    nullable = type(None) in options
+    others = [_loader(o) for o in options if o is not type(None)]
+
+    def load(data: Any) -> Any:
+        if data is None and nullable:
             return None
         errors = []
-        for option in options:
-            if option is type(None):
+        for option in others:
+            try:
+                return option(data)
+            except _Misfit as exc:
+                errors.append(exc)
+        raise errors[0] if errors else _Misfit("must not be null")
+
+    return load
+
+
+def _sequence(item: Any, as_tuple: bool) -> _Loader:
+    one = _loader(item)
+
+    def load(data: Any) -> Any:
+        if not isinstance(data, list | tuple):
+            raise _Misfit("must be a list")
+        out = []
+        for i, v in enumerate(data):
+            try:
+                out.append(one(v))
+            except _Misfit as exc:
+                raise exc.within(("index", i)) from None
+        return tuple(out) if as_tuple else out
+
+    return load
+
+
+def _mapping(item: Any) -> _Loader:
+    one = _loader(item)
+
+    def load(data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            raise _Misfit("must be an object")
+        out = {}
+        for k, v in data.items():
+            try:
+                out[str(k)] = one(v)
+            except _Misfit as exc:
+                raise exc.within(("item", k)) from None
+        return out
+
+    return load
+
+
+def _dataclass(cls: type) -> _Loader:
+    declared = [f for f in dataclasses.fields(cls) if f.init]
+    known = frozenset(alias(f) for f in declared)
+    required = [
+        alias(f)
+        for f in declared
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    # (key, attribute, check, bounds) in declared order, made at the first load and not
+    # here: a dataclass may hold itself, and its hints may name classes defined after it.
+    fields: list[tuple[str, str, _Loader, Callable[[Any], None] | None]] | None = None
+
+    def load(data: Any) -> Any:
+        if not isinstance(data, Mapping):
+            raise _Misfit(f"must be an object ({cls.__name__})")
+        if not known.issuperset(data):
+            unknown = sorted(set(data) - known)
+            raise _Misfit("is not a field of the contract", (("key", unknown[0]),))
+        for key in required:
+            if key not in data:
+                raise _Misfit("is required", (("key", key),))
+        nonlocal fields
+        if fields is None:
+            hints = _hints(cls)
+            fields = [(alias(f), f.name, _loader(hints[f.name]), _bounds(f)) for f in declared]
+        kwargs = {}
+        for key, name, one, check in fields:
+            if key not in data:
                 continue
             try:
-                return _value(option, data, where)
-            except WireError as exc:
-                errors.append(exc)
-        raise errors[0] if errors else WireError(where, "must not be null")
-    if origin in (list, tuple):
-        if not isinstance(data, list | tuple):
-            raise WireError(where, "must be a list")
-        args = get_args(tp)
-        item = args[0] if args else Any
-        out = [_value(item, v, f"{where}[{i}]") for i, v in enumerate(data)]
-        return out if origin is list else tuple(out)
-    if origin in (dict, Mapping) or tp is dict:
-        if not isinstance(data, Mapping):
-            raise WireError(where, "must be an object")
-        args = get_args(tp)
-        item = args[1] if args else Any
-        return {str(k): _value(item, v, f"{where}.{k}") for k, v in data.items()}
-    if dataclasses.is_dataclass(tp):
-        return _dataclass(typing.cast(type, tp), data, where)
-    if isinstance(tp, type) and issubclass(tp, enum.Enum):
+                value = one(data[key])
+                if check is not None:
+                    check(value)
+            except _Misfit as exc:
+                raise exc.within(("key", key)) from None
+            kwargs[name] = value
+        return cls(**kwargs)
+
+    return load
+
+
+def _enum(tp: type[enum.Enum]) -> _Loader:
+    allowed = ", ".join(str(m.value) for m in tp)
+
+    def load(data: Any) -> Any:
         try:
             return tp(data)
         except ValueError:
-            allowed = ", ".join(str(m.value) for m in tp)
-            raise WireError(where, f"must be one of {allowed}") from None
-    if tp is float:
-        if isinstance(data, bool) or not isinstance(data, int | float):
-            raise WireError(where, "must be a number")
-        return data
-    if tp is int:
-        # As pydantic reads an integer: 3, 3.0 or a numpy integer, never true or 3.5.
-        if isinstance(data, float) and data.is_integer():
-            return int(data)
-        if isinstance(data, bool) or not hasattr(data, "__index__"):
-            raise WireError(where, "must be an integer")
+            raise _Misfit(f"must be one of {allowed}") from None
+
+    return load
+
+
+def _number(data: Any) -> Any:
+    if isinstance(data, bool) or not isinstance(data, int | float):
+        raise _Misfit("must be a number")
+    return data
+
+
+def _integer(data: Any) -> Any:
+    # As pydantic reads an integer: 3, 3.0 or a numpy integer, never true or 3.5.
+    if isinstance(data, float) and data.is_integer():
         return int(data)
-    if tp in (str, bool):
-        if not isinstance(data, tp):
-            raise WireError(where, f"must be a {'string' if tp is str else 'boolean'}")
-        return data
-    if tp is type(None):
-        if data is not None:
-            raise WireError(where, "must be null")
-        return None
-    raise TypeError(f"{where}: no wire form for {tp!r}")
+    if isinstance(data, bool) or not hasattr(data, "__index__"):
+        raise _Misfit("must be an integer")
+    return int(data)
+
+
+def _string(data: Any) -> Any:
+    if not isinstance(data, str):
+        raise _Misfit("must be a string")
+    return data
+
+
+def _boolean(data: Any) -> Any:
+    if not isinstance(data, bool):
+        raise _Misfit("must be a boolean")
+    return data
+
+
+def _null(data: Any) -> Any:
+    if data is not None:
+        raise _Misfit("must be null")
+    return None
 
 
 def dump(obj: Any) -> Any:
     """``obj`` (a dataclass of the contract, or data holding them) as JSON data: every
     field, keys as the contract spells them."""
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {alias(f): dump(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    kind = type(obj)
+    if kind in _PLAIN:
+        return obj
+    if kind is dict:
+        return {str(k): dump(v) for k, v in obj.items()}
+    if kind is list:
+        return [dump(v) for v in obj]
+    keys = _dump_keys(typing.cast(Any, kind))
+    if keys is not None:
+        return {key: dump(getattr(obj, name)) for key, name in keys}
     if isinstance(obj, enum.Enum):
         return obj.value
     if isinstance(obj, list | tuple):
@@ -159,3 +308,15 @@ def dump(obj: Any) -> Any:
     if isinstance(obj, Mapping):
         return {str(k): dump(v) for k, v in obj.items()}
     return obj
+
+
+# Types dump returns as they are (a subclass, such as an enum of strings, is looked at).
+_PLAIN = frozenset({str, int, float, bool, type(None)})
+
+
+@functools.cache
+def _dump_keys(kind: type) -> tuple[tuple[str, str], ...] | None:
+    """A dataclass's (key, attribute) pairs; None for any other type."""
+    if not dataclasses.is_dataclass(kind):
+        return None
+    return tuple((alias(f), f.name) for f in dataclasses.fields(kind))
