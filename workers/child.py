@@ -78,7 +78,9 @@ def serve(device: str, conn: Connection, models: bool = False) -> None:
     if models:
         warm_models()
     gc.freeze()
-    prepared = prepare(torch.device(device))
+    # An op's spare makes its context with one hardware queue (twice as fast); a model's
+    # child keeps the driver's default, as its trials may overlap streams (NCCL, offload).
+    prepared = prepare(torch.device(device), queue_of_one=not models)
     if models:  # the runner keeps it for a trial only once it says so
         try:
             conn.send_bytes(json.dumps({"warm": True}).encode())

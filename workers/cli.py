@@ -54,8 +54,8 @@ def register(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None
         choices=range(1, 65),
         metavar="N",
         help="experiments run at once on this host's device, any kind together (default: "
-        "by device, 4 on a GPU and 1 on the CPU, where only shared-isolation "
-        "experiments run together and any other runs alone)",
+        "by device, 4 on a GPU and 2 on the CPU (1 on a 1-core host), where only "
+        "shared-isolation experiments run together and any other runs alone)",
     )
     p.add_argument(
         "--spares",
@@ -120,6 +120,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from workers.crew import install_signal_handlers, run_all
     from workers.loop import WorkerLoop
     from workers.pacing import ClaimTurns, ReportGroup
+    from workers.quota import Quota
     from workers.runner import Runner
 
     logging.getLogger("httpx").setLevel(logging.INFO if args.verbose else logging.WARNING)
@@ -153,12 +154,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
         paced = args.pace_ms > 0 and args.batch > 1
         turns = ClaimTurns(args.pace_ms / 1000) if paced else None
         group = ReportGroup(args.pace_ms / 1000) if paced and concurrency > 1 else None
+        # --max-experiments is the worker's, whatever its loops: they share it.
+        quota = None if args.max_experiments is None else Quota(args.max_experiments)
         loops += [
             WorkerLoop(
                 client,
                 runner,
                 name=name if concurrency == 1 else f"{name}/{i}",
-                max_experiments=args.max_experiments,
+                quota=quota,
                 batch=args.batch,
                 turns=turns,
                 group=group,

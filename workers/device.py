@@ -4,6 +4,7 @@ before its spec is known."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,13 +23,40 @@ class Prepared:
     device: str
     init_rss: tuple[int, int] | None = None
     error: BaseException | None = None
+    # Its CUDA context opened one hardware queue because a spare asked for it (one_queue).
+    one_queue: bool = False
 
 
-def prepare(device: torch.device) -> Prepared:
+# How many hardware queues (connections) a CUDA context opens; the driver's default is 8.
+MAX_CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
+ONE_QUEUE_NOTE = (
+    "Its CUDA context was made with one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1, "
+    "set by the worker for the spares of op experiments: such a context is made in half "
+    "the time). Work on one stream runs as it would with the driver's default of 8 "
+    "queues, and the memory figures are the same; work on several streams is not "
+    "overlapped by the hardware."
+)
+
+
+def one_queue(device: str) -> bool:
+    """Before CUDA starts: ask for contexts of one hardware queue, unless the worker's
+    environment says how many. True when this process's contexts will have one because
+    of it. A context opens its queues as it is made (half of its start-up time on an
+    H200, bench/context_cost.py), and back-to-back clean experiments are bound by how fast
+    their spares' contexts are made."""
+    if not device.startswith("cuda") or MAX_CONNECTIONS in os.environ:
+        return False
+    os.environ[MAX_CONNECTIONS] = "1"
+    return True
+
+
+def prepare(device: torch.device, *, queue_of_one: bool = False) -> Prepared:
     """Start CUDA on ``device`` ahead of a spec (a warm spare): context made, nothing
     allocated, so allocated and reserved still start at zero and first-use effects
     (cuBLAS's workspace) stay in the experiment. On the CPU there is nothing to start."""
     prepared = Prepared(str(device))
+    if queue_of_one:
+        prepared.one_queue = one_queue(str(device))
     if device.type == "cuda":
         rss_before = psutil.Process().memory_info().rss
         try:

@@ -13,7 +13,7 @@ import torch
 from vramlab.contract import KEEPS_RESULT, ErrorType, Isolation, Status
 from vramlab.runspec import RunSpec
 from workers import allocator, limits, notes, scenario, sections
-from workers.device import Prepared, apply_allocator, prepare
+from workers.device import ONE_QUEUE_NOTE, Prepared, apply_allocator, prepare
 from workers.errors import classify, error, oom_details
 from workers.measure import Meter, fill_from_events
 from workers.models import report as model_report
@@ -126,6 +126,8 @@ def run_experiment(
         return {"status": Status.FAILED, "result": None, "error": err, "trace_events": 0}
     result["notes"] = notes.write(spec, result, figures, trace.events, err, init_rss, runs_before)
     result["notes"] += model_report.notes(result, spec)
+    if prepared.one_queue and device.type == "cuda":
+        result["notes"].append(ONE_QUEUE_NOTE)
     stages.mark("notes")
     count = 0
     if not spec.traced:

@@ -55,6 +55,10 @@ class Limit:
 
 
 _active: Limit | None = None
+# How many intra-op threads this process has started: they live as long as it does, so a
+# shared child starts them before its first experiment only (starting them again cost a
+# millisecond a tiny experiment, more on a busy host, where the op waited for each thread).
+_threads_started = 0
 
 
 def apply(spec: RunSpec, device: torch.device) -> Limit | None:
@@ -81,7 +85,7 @@ def apply(spec: RunSpec, device: torch.device) -> Limit | None:
         # Start every intra-op thread first (an op uses one per 32,768 elements): their
         # stacks count as data, they are the child's rather than the experiment's, and a
         # thread that cannot start aborts the process instead of raising.
-        torch.ones(torch.get_num_threads() * 65_536).add_(1)
+        _start_threads()
         limit.cpu_base = _data_bytes()
         if limit.cpu_base == 0:
             return None  # no /proc/self/status to measure against: leave it unlimited
@@ -99,6 +103,14 @@ def apply(spec: RunSpec, device: torch.device) -> Limit | None:
         limit.cpu_ceiling = ceiling
     _active = limit
     return limit
+
+
+def _start_threads() -> None:
+    global _threads_started
+    threads = torch.get_num_threads()
+    if threads > _threads_started:
+        torch.ones(threads * 65_536).add_(1)
+        _threads_started = threads
 
 
 def capacity_of(spec: RunSpec) -> int | None:

@@ -44,6 +44,7 @@ from workers.client import STOP_POLL_S, Refused, UnknownWorker, with_retry
 from workers.leases import Lease, beat_many, beat_one
 from workers.outcome import REPORT_OVERHEAD_BYTES, Limits, refused, unreadable_spec
 from workers.pacing import PACE_BELOW_S, ClaimTurns, Pending, ReportGroup
+from workers.quota import Quota
 from workers.reporter import Reporter
 from workers.seams import ClientLike, RunnerLike
 
@@ -69,12 +70,14 @@ class WorkerLoop:
         turns: ClaimTurns | None = None,
         group: ReportGroup | None = None,
         pulse: Pulse | None = None,
+        quota: Quota | None = None,
     ) -> None:
         self.client = client
         self.runner = runner
         self.name = name or socket.gethostname()
         self.wait_s = wait_s
-        self.max_experiments = max_experiments
+        # The worker's --max-experiments, shared by a crew's loops (None: no end).
+        self.quota = quota or (Quota(max_experiments) if max_experiments is not None else None)
         # The most experiments one claim takes; 1: the single calls of the protocol.
         self.batch = batch
         # What one experiment takes this loop, claim to outcome (None: none ran yet).
@@ -142,15 +145,22 @@ class WorkerLoop:
         done = 0
         try:
             while not self.stopping.is_set():
-                if self.max_experiments is not None and done >= self.max_experiments:
-                    break
+                most = self._batch_size()
+                if self.quota is not None:
+                    most = self.quota.take(most)
+                    if most == 0:
+                        break
+                claimed: list[dict[str, Any]] = []
                 try:
-                    claimed = self._claim(self._batch_size(done))
+                    claimed = self._claim(most)
                 except UnknownWorker:
                     log.warning("the API forgot this worker; registering again")
                     if not self.register():
                         break
                     continue
+                finally:
+                    if self.quota is not None:
+                        self.quota.give_back(most - len(claimed))
                 if not claimed:
                     continue
                 if self.stopping.is_set():
@@ -168,13 +178,10 @@ class WorkerLoop:
             self.pulse.done(self)
         return done
 
-    def _batch_size(self, done: int) -> int:
-        most = self.batch
-        if self.max_experiments is not None:
-            most = min(most, self.max_experiments - done)
+    def _batch_size(self) -> int:
         if self.estimate_s is None:
             return 1
-        return max(1, min(most, int(BATCH_SECONDS / max(self.estimate_s, 1e-3))))
+        return max(1, min(self.batch, int(BATCH_SECONDS / max(self.estimate_s, 1e-3))))
 
     def _took(self, seconds: float) -> None:
         last = self.estimate_s

@@ -98,13 +98,16 @@ def models_importable() -> bool:
 
 # ``vramlab worker`` with no --concurrency: how many experiments a device runs at once
 # (shared-isolation ones together, any other alone: workers/sharing.py). A GPU overlaps
-# several tiny experiments' launches and host work; on the CPU one, as before: two loops
-# were not shown faster on a 2-core host, and each loop is a worker of its own name.
-DEFAULT_CONCURRENCY = {"cuda": 4, "cpu": 1}
-# Without --spares: warm spares kept per device. A spare's CUDA context takes about a
-# quarter of a second to make, so with clean experiments back to back one spare is not
-# ready again by the next claim and a second one covers that gap (p50 0.138 s against
-# 0.173 s on an H100, docs/gpu-measurements.md). A CPU spare is a fork, ready at once.
+# several tiny experiments' launches and host work. On the CPU two where the host has two
+# cores (each loop is a worker of its own name): a shared experiment's child and its
+# loop wait on each other, so one loop kept a 2-core host about half idle; two ran a
+# 1,000-point sweep in 7.4 s against 10.0 (docs/gpu-measurements.md).
+DEFAULT_CONCURRENCY = {"cuda": 4, "cpu": 2}
+# Without --spares: warm spares kept per device. A spare's CUDA context takes a tenth of
+# a second to make (with one hardware queue, workers/device.py; a quarter with the
+# driver's default), so with clean experiments back to back one spare is not ready again
+# by the next claim and a second one covers that gap (p50 0.138 s against 0.173 s on an
+# H100 before the queue, docs/gpu-measurements.md). A CPU spare is a fork, ready at once.
 DEFAULT_SPARES = {"cuda": 2, "cpu": 1}
 
 
@@ -225,7 +228,10 @@ class Runner:
                 self.concurrency = concurrency_for(caps["device_types"])
                 self._shared.size = self.concurrency
             if self.spares_given is None:
-                self.spare_count = spares_for(caps["device_types"], self.concurrency)
+                # A concurrency chosen by device runs clean experiments alone: one spare
+                # taken at a time, so the device's default is enough.
+                given = 1 if self.by_device else self.concurrency
+                self.spare_count = spares_for(caps["device_types"], given)
         if self.warm:  # outside the lock, which _fill takes (in two threads here)
             first = "cuda:0" if "cuda" in caps["device_types"] else "cpu"
             models = None
@@ -270,6 +276,11 @@ class Runner:
         reuse = spec.shared
         if reuse and settings:
             # The API refuses this; a caller of the runner itself gets a clean process.
+            reuse, spec = False, spec.replace(isolation=Isolation.CLEAN)
+        if reuse and spec.is_model and device != "cpu":
+            # A shared process on a GPU began as an op's spare, with one hardware queue
+            # (workers/device.py); a model's step, whose streams may overlap, runs in a warm
+            # model child instead (its result says isolation clean).
             reuse, spec = False, spec.replace(isolation=Isolation.CLEAN)
         with self._turn(spec, device, reuse), self._sharing(device) as at_once:
             # The spec crosses to the child as its wire form (JSON on the pipe).
@@ -348,7 +359,9 @@ class Runner:
                 # The next trial's warm child imports transformers while this one runs; on
                 # the CPU it starts after the result instead (as a CPU spare does).
                 self._fill_soon(_models_pool(device))
-        if warm and spare is None:
+        if warm and spare is None and not (model and device != "cpu"):
+            # An op's CUDA spare has one hardware queue (workers/device.py): a model's
+            # trial, whose streams may overlap, forks a child of the driver's default.
             spare = self._take_spare(device)
         if spare is not None:
             try:
@@ -388,10 +401,20 @@ class Runner:
         return child, start
 
     def _fill_soon(self, device: str) -> None:
+        with self._lock:
+            if self._full(device):  # a shared experiment took no spare: nothing to start
+                return
         thread = threading.Thread(target=self._fill, args=(device,), daemon=True)
         with self._lock:  # started before another loop can see it (and join it)
             thread.start()
             self._filling[device] = thread
+
+    def _full(self, pool_key: str) -> bool:
+        """Whether ``pool_key``'s spares, ready and starting, are as many as it keeps (the
+        lock held)."""
+        most = MODEL_SPARES if pool_key.endswith(_MODELS) else self.spare_count
+        ready = len(self._spares.get(pool_key, []))
+        return ready + self._starting.get(pool_key, 0) >= most
 
     def _take_spare(self, device: str) -> Child | None:
         filling = self._filling.get(device)
@@ -415,14 +438,12 @@ class Runner:
         once."""
         device = pool_key.removesuffix(_MODELS)
         models = pool_key != device
-        most = MODEL_SPARES if models else self.spare_count
         while True:
             with self._lock:
                 ctx = self._ctx
                 if ctx is None or (models and not self.models):
                     return
-                pool = self._spares.setdefault(pool_key, [])
-                if len(pool) + self._starting.get(pool_key, 0) >= most:
+                if self._full(pool_key):
                     return
                 self._starting[pool_key] = self._starting.get(pool_key, 0) + 1
             try:

@@ -54,13 +54,14 @@ def live_workers(url: str) -> list[dict[str, Any]]:
 
 
 def wait_worker(url: str, proc: subprocess.Popen[bytes], name: str, seconds: float = 120) -> None:
-    """Until the worker ``name`` has registered and is live: from then on it has its
-    signal handlers, so a SIGTERM stops it cleanly (before, Python's default kills it)."""
+    """Until the worker ``name`` has registered and is live (one of its loops, named
+    ``name/0``... where it runs several): from then on it has its signal handlers, so a
+    SIGTERM stops it cleanly (before, Python's default kills it)."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"worker exited with {proc.returncode}")
-        if any(w["name"] == name for w in live_workers(url)):
+        if any(w["name"].partition("/")[0] == name for w in live_workers(url)):
             return
         time.sleep(0.2)
     raise RuntimeError(f"worker {name} never registered with {url}")

@@ -39,7 +39,9 @@ class Service:
         wait_ready(self.url, self.api)
 
     def start_worker(self, name: str) -> subprocess.Popen[bytes]:
+        # One loop each: a kill then ends exactly the experiment it was seen running.
         args = ["worker", "--api", self.url, "--device", "cpu", "--name", name]
+        args += ["--concurrency", "1"]
         return start(args, self.env, self.logs / f"{name}.log")
 
     def log_tail(self) -> str:

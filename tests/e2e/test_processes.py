@@ -109,7 +109,8 @@ def test_add_on_cpu_is_measured_end_to_end(service: str) -> None:
         )
         assert any(e["size"] == 4_000_000 for e in trace.json()["events"])
         workers = client.get("/v1/workers").json()
-        assert [w["name"] for w in workers if w["live"]] == ["e2e"]
+        # One worker: one loop, or the host's default of several (e2e/0, e2e/1).
+        assert {w["name"].partition("/")[0] for w in workers if w["live"]} == {"e2e"}
 
 
 def test_a_crashing_child_fails_and_the_worker_goes_on(service: str) -> None:
@@ -129,10 +130,12 @@ def test_shared_experiments_reuse_a_process_and_a_crash_fails_only_its_own(servi
     add = {"op": "add", "shape": [1000, 1000], "device": "cpu", "isolation": "shared"}
     crash = {"op": "abort", "shape": [4], "device": "cpu", "isolation": "shared"}
     with httpx.Client(base_url=service, timeout=30) as client:
-        ids = [client.post("/v1/experiments", json=spec).json()["id"] for spec in (add, add)]
-        ids.append(client.post("/v1/experiments", json=crash).json()["id"])
-        ids.append(client.post("/v1/experiments", json=add).json()["id"])
-        first, second, crashed, after = (wait_done(client, i) for i in ids)
+        # One after another: the worker's loops (two on a 2-core host) share its idle
+        # shared processes, so each finds the one the experiment before it left.
+        first, second, crashed, after = (
+            wait_done(client, client.post("/v1/experiments", json=spec).json()["id"])
+            for spec in (add, add, crash, add)
+        )
     assert crashed["status"] == "failed" and crashed["error"]["type"] == "crashed"
     for exp in (first, second, after):
         assert exp["status"] == "succeeded", exp["error"]

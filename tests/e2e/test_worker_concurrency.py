@@ -12,6 +12,7 @@ from tests.e2e.procs import VRAMLAB, env_for, stop, wait_done, wait_ready, wait_
 
 pytestmark = pytest.mark.slow
 PAIR = ["--concurrency", "2"]
+ONE = ["--max-experiments", "1"]
 
 
 @pytest.fixture
@@ -62,3 +63,35 @@ def test_two_experiments_share_the_device_and_say_so(service: str) -> None:
         assert wait_done(client, slow["id"])["status"] == "cancelled"
         live = sorted(w["name"] for w in client.get("/v1/workers").json() if w["live"])
         assert live == ["pair/0", "pair/1"]
+
+
+def test_max_experiments_is_the_workers_whatever_its_loops(tmp_path: Path) -> None:
+    """`--max-experiments 1` with two loops: one experiment runs, then the worker exits
+    (each loop counted its own, so the idle one waited for work forever)."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    env = env_for(f"sqlite:///{tmp_path / 'm.db'}", VRAMLAB_CLAIM_WAIT_SECONDS="1")
+    log = tmp_path / "log"
+    api = subprocess.Popen(
+        [*VRAMLAB, "serve", "--port", str(port)],
+        env=env,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        wait_ready(url, api)
+        with httpx.Client(base_url=url, timeout=30) as client:
+            quick = {"op": "add", "shape": [64, 64], "device": "cpu"}
+            ids = [client.post("/v1/experiments", json=quick).json()["id"] for _ in range(3)]
+            done = subprocess.run(
+                [*VRAMLAB, "worker", "--api", url, "--device", "cpu", *PAIR, *ONE],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=240,  # a bound on a hang, not a timing threshold
+            )
+            assert done.returncode == 0, done.stderr[-3000:]
+            statuses = sorted(client.get(f"/v1/experiments/{i}").json()["status"] for i in ids)
+            assert statuses == ["queued", "queued", "succeeded"]
+    finally:
+        stop(api)

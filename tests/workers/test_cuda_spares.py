@@ -15,6 +15,7 @@ import pytest
 
 from tests.helpers import needs_cuda
 from tests.workers.conftest import CheckedRunner, SpecFactory
+from workers.device import ONE_QUEUE_NOTE
 from workers.endings import Outcome
 from workers.runner import Runner
 
@@ -85,6 +86,20 @@ def test_first_matmul_in_a_spare_shows_the_cublas_workspace(
         **cold_result["memory"],
         **{k: warm_result["memory"][k] for k in warm_result["memory"] if "used" in k or "rss" in k},
     }
+
+
+def test_an_ops_spare_opens_one_hardware_queue_and_keeps_every_figure(
+    warm: Runner, cold: Runner, make_spec: SpecFactory
+) -> None:
+    """A spare's context is made with one hardware queue (twice as fast to make): its
+    result says so, and its figures are a cold child's (the driver's default queues)."""
+    spec = make_spec("matmul", [512, 512], {"other_shape": [512, 512]}, device="cuda:0")
+    warm_result = succeeded(warm.run(spec), "warm_spare")
+    cold_result = succeeded(cold.run(spec), "forked")
+    assert ONE_QUEUE_NOTE in warm_result["notes"]
+    assert ONE_QUEUE_NOTE not in cold_result["notes"]
+    for key in ("allocated_before", "allocated_peak", "reserved_peak", "delta_allocated"):
+        assert warm_result["memory"][key] == cold_result["memory"][key], key
 
 
 def test_expandable_segments_apply_in_a_spare(

@@ -22,7 +22,8 @@ def _succeeded(outcome: Outcome) -> dict[str, Any]:
 
 def test_the_default_concurrency_follows_the_device() -> None:
     assert concurrency_for(["cpu", "cuda"]) == 4
-    assert concurrency_for(["cpu"], cpus=2) == 1
+    assert concurrency_for(["cpu"], cpus=2) == 2
+    assert concurrency_for(["cpu"], cpus=16) == 2
     assert concurrency_for(["cpu"], cpus=1) == 1
 
 
@@ -33,10 +34,32 @@ def test_the_default_spares_follow_the_device() -> None:
     assert spares_for(["cpu"], concurrency=3) == 3  # a concurrency given, where more
 
 
+def test_a_concurrency_chosen_by_device_keeps_the_devices_spares(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Loops chosen by device run clean experiments alone, one spare taken at a time: the
+    device's default spares, not one a loop (each a CUDA context on a GPU). A concurrency
+    given still raises them."""
+    monkeypatch.setitem(runner_module.DEFAULT_CONCURRENCY, "cpu", 2)
+    chosen = CheckedRunner(concurrency=None)
+    given = CheckedRunner(concurrency=2)
+    try:
+        for runner in (chosen, given):
+            runner.start()
+            runner.capabilities()
+        assert chosen.concurrency == concurrency_for(["cpu"])
+        assert chosen.spare_count == spares_for(["cpu"]) == 1
+        assert given.spare_count == 2
+    finally:
+        chosen.close()
+        given.close()
+
+
 def test_shared_experiments_run_together_and_others_alone(
     make_spec: SpecFactory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The CPU's default is one at a time; two here, as a GPU's default of four would.
+    # The CPU's default is two at a time where the host has two cores (forced here, as
+    # a GPU's default of four would be).
     monkeypatch.setitem(runner_module.DEFAULT_CONCURRENCY, "cpu", 2)
     runner = CheckedRunner(concurrency=None)
     runner.start()

@@ -94,6 +94,32 @@ def test_a_warm_trial_measures_what_a_cold_one_does(device: str, tmp_path: Path)
     assert first.pid != second.pid  # one trial a child
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not cuda_available(), reason="needs a GPU")
+def test_a_model_on_a_gpu_never_runs_in_an_ops_spare(tmp_path: Path) -> None:
+    """An op's spare and the shared processes made from them have one hardware queue: a
+    model's trial, shared isolation asked or not, runs in a warm model child (the driver's
+    default queues) and says isolation clean."""
+    from workers.device import ONE_QUEUE_NOTE
+
+    warm = CheckedRunner()
+    try:
+        warm.capabilities()
+        shared = {**_spec("cuda:0"), "isolation": "shared"}
+        outcomes = [warm.run(_spec("cuda:0"), work_dir=tmp_path)]
+        _model_child(warm, "cuda:0")  # the next trial's warm child
+        outcomes.append(warm.run(shared, work_dir=tmp_path))
+    finally:
+        warm.close()
+    for outcome in outcomes:
+        assert outcome.status == "succeeded", outcome.error
+        assert outcome.result is not None
+        environment = outcome.result["environment"]
+        assert environment["child_start"] == "warm_model"
+        assert environment["isolation"] == "clean"
+        assert ONE_QUEUE_NOTE not in outcome.result["notes"]
+
+
 def test_a_runner_without_spares_makes_no_model_child() -> None:
     runner = CheckedRunner(warm=False)
     try:
