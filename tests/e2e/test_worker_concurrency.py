@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from tests.conftest import free_port
-from tests.e2e.procs import VRAMLAB, env_for, stop, wait_done, wait_ready, wait_status
+from tests.e2e.procs import VRAMLAB, env_for, start, stop, wait_done, wait_ready, wait_status
 
 pytestmark = pytest.mark.slow
 PAIR = ["--concurrency", "2"]
@@ -71,13 +71,7 @@ def test_max_experiments_is_the_workers_whatever_its_loops(tmp_path: Path) -> No
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = env_for(f"sqlite:///{tmp_path / 'm.db'}", VRAMLAB_CLAIM_WAIT_SECONDS="1")
-    log = tmp_path / "log"
-    api = subprocess.Popen(
-        [*VRAMLAB, "serve", "--port", str(port)],
-        env=env,
-        stdout=log.open("ab"),
-        stderr=subprocess.STDOUT,
-    )
+    api = start(["serve", "--port", str(port)], env, tmp_path / "log")
     try:
         wait_ready(url, api)
         with httpx.Client(base_url=url, timeout=30) as client:
